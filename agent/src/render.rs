@@ -1,0 +1,429 @@
+//! Renders a node's mock GPUs as the NVIDIA driver's files: `/proc/driver/nvidia`, PCI sysfs,
+//! `/sys/module/nvidia` and the `/dev/nvidia*` nodes, byte for byte as the driver branch of the
+//! profile prints them (see `shared/reference/driver-surface.md`).
+
+use std::fmt::Write as _;
+
+use mockgpu_api::{Arch, Gpu, HostTopology, NodeTopology, Profile};
+
+use crate::tree::Tree;
+
+/// Major number of `/dev/nvidia<N>`, `nvidiactl` and `nvidia-modeset`.
+pub const NVIDIA_MAJOR: u32 = 195;
+/// Major number the mock gives `nvidia-uvm` (dynamic on a real host).
+pub const UVM_MAJOR: u32 = 510;
+/// Major number the mock gives `nvidia-caps` (dynamic on a real host).
+pub const CAPS_MAJOR: u32 = 509;
+/// File under the mock root listing the GPUs' sysfs device directories, one absolute path a
+/// line, for the shim.
+pub const PREFIXES_FILE: &str = "prefixes";
+
+const PROC: &str = "proc/driver/nvidia";
+const DRIVER: &str = "sys/bus/pci/drivers/nvidia";
+
+/// Builds the whole tree for `topo` on `host`.
+pub fn driver_tree(topo: &NodeTopology, host: &HostTopology) -> Tree {
+    let p = &topo.profile;
+    let mut t = Tree::new();
+    t.file(&format!("{PROC}/version"), version_file(p));
+    t.file(&format!("{PROC}/params"), params_file(p));
+    t.file(&format!("{PROC}/registry"), "Binary: \"\"\n");
+    t.file_mode(&format!("{PROC}/suspend"), "", 0o200);
+    t.file_mode(&format!("{PROC}/suspend_depth"), "default\n", 0o644);
+    t.file(&format!("{PROC}/warnings/README"), WARNINGS_README);
+    t.file(&format!("{PROC}/patches/README"), PATCHES_README);
+    for (name, minor, mode) in [("mig/config", 1, 256), ("mig/monitor", 2, 292)] {
+        t.file(
+            &format!("{PROC}/capabilities/{name}"),
+            format!("DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"),
+        );
+    }
+    t.file(
+        &format!("{PROC}/capabilities/fabric-imex-mgmt"),
+        "DeviceFileMinor: 4095\nDeviceFileMode: 256\nDeviceFileModify: 1\n",
+    );
+    t.dir(&format!("{PROC}/gpus"));
+    let numa_base = host.numa_nodes.iter().map(|n| n.id + 1).max().unwrap_or(1);
+
+    for (id, path) in host
+        .pci_devices
+        .iter()
+        .map(|d| (d.bus_id, d.sysfs_path.as_str()))
+    {
+        t.symlink(&format!("sys/bus/pci/devices/{id}"), path);
+    }
+    for file in ["bind", "unbind", "new_id", "remove_id", "uevent"] {
+        t.file_mode(&format!("{DRIVER}/{file}"), "", 0o200);
+    }
+    t.symlink(&format!("{DRIVER}/module"), "../../../../module/nvidia");
+    t.file(
+        "sys/module/nvidia/version",
+        format!("{}\n", p.driver_version),
+    );
+
+    let mut prefixes = String::new();
+    for gpu in &topo.gpus {
+        let bdf = gpu.bus_id.to_string();
+        let gdir = format!("{PROC}/gpus/{bdf}");
+        t.file(&format!("{gdir}/information"), information_file(p, gpu));
+        t.file(&format!("{gdir}/registry"), "Binary: \"\"\n");
+        t.file(&format!("{gdir}/power"), power_file(p));
+        if p.numa_status {
+            let node = numa_base + gpu.index;
+            t.file(
+                &format!("{gdir}/numa_status"),
+                format!(
+                    "Node:      {node}\nStatus:    online\nAddress:   {:x}\nSize:      {:x}\n",
+                    0x4000_0000_0000u64 + u64::from(gpu.index) * 0x100_0000_0000,
+                    p.memory_mib << 20
+                ),
+            );
+            t.file(&format!("{gdir}/offline_pages"), "");
+        }
+
+        let dev = format!("sys/{}", gpu.bus_id.sysfs_device_path());
+        sysfs_device(&mut t, &dev, p, gpu, topo.nr_cpu_ids);
+        t.symlink(
+            &format!("sys/bus/pci/devices/{bdf}"),
+            format!("../../../{}", gpu.bus_id.sysfs_device_path()),
+        );
+        t.symlink(
+            &format!("{DRIVER}/{bdf}"),
+            format!("../../../../{}", gpu.bus_id.sysfs_device_path()),
+        );
+        writeln!(prefixes, "/{dev}").ok();
+        t.chardev(
+            &format!("dev/nvidia{}", gpu.minor),
+            NVIDIA_MAJOR,
+            gpu.minor,
+            0o666,
+        );
+    }
+    t.chardev("dev/nvidiactl", NVIDIA_MAJOR, 255, 0o666);
+    t.chardev("dev/nvidia-modeset", NVIDIA_MAJOR, 254, 0o666);
+    t.chardev("dev/nvidia-uvm", UVM_MAJOR, 0, 0o666);
+    t.chardev("dev/nvidia-uvm-tools", UVM_MAJOR, 1, 0o666);
+    t.chardev("dev/nvidia-caps/nvidia-cap1", CAPS_MAJOR, 1, 0o400);
+    t.chardev("dev/nvidia-caps/nvidia-cap2", CAPS_MAJOR, 2, 0o444);
+    t.file(PREFIXES_FILE, prefixes);
+    t
+}
+
+/// `/proc/driver/nvidia/version`.
+fn version_file(p: &Profile) -> String {
+    let module = if p.open_kernel_module {
+        format!("NVIDIA UNIX Open Kernel Module for {}", p.arch.as_str())
+    } else {
+        format!("NVIDIA UNIX {} Kernel Module", p.arch.as_str())
+    };
+    let gcc = match p.arch {
+        Arch::X86_64 => "gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04) ",
+        Arch::Aarch64 => "gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04.2) ",
+    };
+    format!(
+        "NVRM version: {module}  {}  Release Build  (dvs-builder@U22-I3-B17-02-5)  Mon Sep 29 20:04:11 UTC 2025\nGCC version:  {gcc}\n",
+        p.driver_version
+    )
+}
+
+/// `/proc/driver/nvidia/params`.
+fn params_file(p: &Profile) -> String {
+    let mut s = String::new();
+    for (name, value) in NUMERIC_PARAMS {
+        writeln!(s, "{name}: {value}").ok();
+    }
+    if p.driver_version.at_least(580, 65) {
+        s.push_str("CoherentGPUMemoryMode: \"\"\n");
+    }
+    for name in STRING_PARAMS {
+        writeln!(s, "{name}: \"\"").ok();
+    }
+    s
+}
+
+const NUMERIC_PARAMS: &[(&str, u32)] = &[
+    ("ResmanDebugLevel", 4294967295),
+    ("RmLogonRC", 1),
+    ("ModifyDeviceFiles", 1),
+    ("DeviceFileUID", 0),
+    ("DeviceFileGID", 0),
+    ("DeviceFileMode", 438),
+    ("InitializeSystemMemoryAllocations", 1),
+    ("UsePageAttributeTable", 4294967295),
+    ("EnableMSI", 1),
+    ("EnablePCIeGen3", 0),
+    ("MemoryPoolSize", 0),
+    ("KMallocHeapMaxSize", 0),
+    ("VMallocHeapMaxSize", 0),
+    ("IgnoreMMIOCheck", 0),
+    ("EnableStreamMemOPs", 0),
+    ("EnableUserNUMAManagement", 1),
+    ("NvLinkDisable", 0),
+    ("RmProfilingAdminOnly", 1),
+    ("PreserveVideoMemoryAllocations", 0),
+    ("EnableS0ixPowerManagement", 0),
+    ("S0ixPowerManagementVideoMemoryThreshold", 256),
+    ("DynamicPowerManagement", 3),
+    ("DynamicPowerManagementVideoMemoryThreshold", 200),
+    ("RegisterPCIDriver", 1),
+    ("EnablePCIERelaxedOrderingMode", 0),
+    ("EnableResizableBar", 0),
+    ("EnableGpuFirmware", 18),
+    ("EnableGpuFirmwareLogs", 2),
+    ("RmNvlinkBandwidthLinkCount", 0),
+    ("EnableDbgBreakpoint", 0),
+    ("OpenRmEnableUnsupportedGpus", 1),
+    ("DmaRemapPeerMmio", 1),
+    ("ImexChannelCount", 2048),
+    ("CreateImexChannel0", 0),
+    ("GrdmaPciTopoCheckOverride", 0),
+];
+
+const STRING_PARAMS: &[&str] = &[
+    "RegistryDwords",
+    "RegistryDwordsPerDevice",
+    "RmMsg",
+    "GpuBlacklist",
+    "TemporaryFilePath",
+    "ExcludedGpus",
+];
+
+const WARNINGS_README: &str = "The NVIDIA graphics driver tries to detect potential problems\n\
+with the host system and warns about them using the system's\n\
+logging mechanisms. Important warning message are also logged\n\
+to dedicated text files in this directory.\n";
+
+const PATCHES_README: &str = "The NVIDIA graphics driver's kernel interface files can be\n\
+patched to improve compatibility with new Linux kernels or to\n\
+fix bugs in these files. When applied, each official patch\n\
+provides a short text file with a short description of itself\n\
+in this directory.\n";
+
+/// DMA address width: 52 bits from Hopper on (device ids from 0x2300), 47 before.
+fn dma_bits(p: &Profile) -> u32 {
+    if p.pci_device >= 0x2300 && p.pci_device < 0x2600 || p.pci_device >= 0x2900 {
+        52
+    } else {
+        47
+    }
+}
+
+/// `/proc/driver/nvidia/gpus/<bdf>/information`.
+pub fn information_file(p: &Profile, gpu: &Gpu) -> String {
+    let bits = dma_bits(p);
+    let mut s = format!(
+        "Model: \t\t {}\nIRQ:   \t\t {}\nGPU UUID: \t {}\nVideo BIOS: \t {}\nBus Type: \t PCIe\nDMA Size: \t {bits} bits\nDMA Mask: \t 0x{:x}\nBus Location: \t {}\nDevice Minor: \t {}\n",
+        p.model,
+        gpu.irq,
+        gpu.uuid,
+        p.vbios.to_ascii_lowercase(),
+        (1u64 << bits) - 1,
+        gpu.bus_id,
+        gpu.minor,
+    );
+    // The open module always runs GSP firmware, whose version is the driver's.
+    if p.open_kernel_module {
+        writeln!(s, "GPU Firmware: \t {}", p.driver_version).ok();
+    } else if p.driver_version.at_least(590, 44) {
+        s.push_str("GPU Firmware: \t N/A\n");
+    }
+    s.push_str("GPU Excluded:\t No\n");
+    s
+}
+
+/// `/proc/driver/nvidia/gpus/<bdf>/power`, whose layout changed in 555 and 590.44.
+fn power_file(p: &Profile) -> String {
+    let v = &p.driver_version;
+    let mut s = String::from("Runtime D3 status:          Disabled by default\n");
+    if v.at_least(590, 44) {
+        s.push_str("Tegra iGPU Rail-Gating:     Disabled\n");
+    }
+    s.push_str(
+        "Video Memory:               Active\n\nGPU Hardware Support:\n Video Memory Self Refresh: Not Supported\n Video Memory Off:          Supported\n",
+    );
+    if v.at_least(555, 0) {
+        s.push_str(
+            "\nS0ix Power Management:\n Platform Support:          Not Supported\n Status:                    Disabled\n\nNotebook Dynamic Boost:     Not Supported\n",
+        );
+    }
+    s
+}
+
+/// `current_link_speed` for a PCIe generation.
+fn link_speed(gen_: u8) -> &'static str {
+    match gen_ {
+        1 => "2.5 GT/s PCIe",
+        2 => "5.0 GT/s PCIe",
+        3 => "8.0 GT/s PCIe",
+        4 => "16.0 GT/s PCIe",
+        5 => "32.0 GT/s PCIe",
+        _ => "64.0 GT/s PCIe",
+    }
+}
+
+/// The GPU's three memory BARs: (start, size, flags).
+fn bars(p: &Profile, gpu: &Gpu) -> [(u64, u64, u64); 3] {
+    let i = u64::from(gpu.index);
+    let bar1_size = (p.memory_mib << 20).next_power_of_two();
+    [
+        (0x9000_0000 + i * 0x0200_0000, 16 << 20, 0x0004_0200),
+        (0x2000_0000_0000 + i * 0x100_0000_0000, bar1_size, 0x0014_220c),
+        (0x2000_0000_0000 + i * 0x100_0000_0000 + bar1_size, 32 << 20, 0x0014_220c),
+    ]
+}
+
+/// The device directory `sys/devices/pci<dddd>:<bb>/<bdf>/` with its attributes.
+fn sysfs_device(t: &mut Tree, dir: &str, p: &Profile, gpu: &Gpu, nr_cpu_ids: u32) {
+    let class = p.class;
+    let attrs = [
+        ("vendor", "0x10de".to_string()),
+        ("device", format!("0x{:04x}", p.pci_device)),
+        ("subsystem_vendor", format!("0x{:04x}", p.subsystem_vendor)),
+        ("subsystem_device", format!("0x{:04x}", p.subsystem_device)),
+        ("class", format!("0x{class:06x}")),
+        ("revision", format!("0x{:02x}", p.revision)),
+        ("numa_node", gpu.numa_node.to_string()),
+        ("local_cpulist", gpu.cpus.to_list()),
+        ("local_cpus", gpu.cpus.to_mask(nr_cpu_ids)),
+        ("irq", gpu.irq.to_string()),
+        ("enable", "1".to_string()),
+        ("current_link_speed", link_speed(p.pcie_gen).to_string()),
+        ("current_link_width", p.pcie_width.to_string()),
+        ("max_link_speed", link_speed(p.pcie_gen).to_string()),
+        ("max_link_width", p.pcie_width.to_string()),
+        (
+            "modalias",
+            format!(
+                "pci:v000010DEd{:08X}sv{:08X}sd{:08X}bc{:02X}sc{:02X}i{:02X}",
+                p.pci_device,
+                p.subsystem_vendor,
+                p.subsystem_device,
+                class >> 16,
+                (class >> 8) & 0xff,
+                class & 0xff
+            ),
+        ),
+    ];
+    for (name, value) in attrs {
+        t.file(&format!("{dir}/{name}"), format!("{value}\n"));
+    }
+    let bars = bars(p, gpu);
+    let mut resource = String::new();
+    for line in 0..7 {
+        let (start, end, flags) = match line {
+            0 => (bars[0].0, bars[0].0 + bars[0].1 - 1, bars[0].2),
+            1 => (bars[1].0, bars[1].0 + bars[1].1 - 1, bars[1].2),
+            3 => (bars[2].0, bars[2].0 + bars[2].1 - 1, bars[2].2),
+            _ => (0, 0, 0),
+        };
+        writeln!(resource, "0x{start:016x} 0x{end:016x} 0x{flags:016x}").ok();
+    }
+    t.file(&format!("{dir}/resource"), resource);
+    t.file_mode(&format!("{dir}/config"), config_space(p, gpu), 0o644);
+    t.symlink(&format!("{dir}/driver"), "../../../bus/pci/drivers/nvidia");
+}
+
+/// 4096 bytes of PCIe configuration space: the type-0 header and a PCI Express capability.
+pub fn config_space(p: &Profile, gpu: &Gpu) -> Vec<u8> {
+    let mut c = vec![0u8; 4096];
+    let mut put = |off: usize, bytes: &[u8]| c[off..off + bytes.len()].copy_from_slice(bytes);
+    put(0x00, &0x10deu16.to_le_bytes());
+    put(0x02, &p.pci_device.to_le_bytes());
+    put(0x04, &0x0006u16.to_le_bytes()); // memory space + bus master
+    put(0x06, &0x0010u16.to_le_bytes()); // capabilities list
+    put(0x08, &[p.revision]);
+    put(0x09, &[(p.class & 0xff) as u8, ((p.class >> 8) & 0xff) as u8, (p.class >> 16) as u8]);
+    let [bar0, bar1, bar3] = bars(p, gpu);
+    put(0x10, &(bar0.0 as u32).to_le_bytes());
+    put(0x14, &((bar1.0 as u32) | 0x0c).to_le_bytes());
+    put(0x18, &((bar1.0 >> 32) as u32).to_le_bytes());
+    put(0x1c, &((bar3.0 as u32) | 0x0c).to_le_bytes());
+    put(0x20, &((bar3.0 >> 32) as u32).to_le_bytes());
+    put(0x2c, &p.subsystem_vendor.to_le_bytes());
+    put(0x2e, &p.subsystem_device.to_le_bytes());
+    put(0x34, &[0x60]);
+    put(0x3c, &[(gpu.irq & 0xff) as u8, 1]);
+    // PCI Express capability (id 0x10), version 2, endpoint, last in the list.
+    let link = u16::from(p.pcie_gen) | (u16::from(p.pcie_width) << 4);
+    put(0x60, &[0x10, 0x00]);
+    put(0x62, &0x0002u16.to_le_bytes());
+    put(0x6c, &u32::from(link).to_le_bytes());
+    put(0x72, &link.to_le_bytes());
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mockgpu_api::{CpuSet, HostSocket};
+
+    fn one_socket_host() -> HostTopology {
+        HostTopology {
+            cpus: CpuSet::from_ids(0..2),
+            nr_cpu_ids: 2,
+            sockets: vec![HostSocket {
+                id: 0,
+                cpus: CpuSet::from_ids(0..2),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn power_follows_the_driver_branch() {
+        let mut p = Profile::builtin("a100").unwrap();
+        p.driver_version = "550.54.15".parse().unwrap();
+        assert!(!power_file(&p).contains("S0ix"));
+        p.driver_version = "570.148.08".parse().unwrap();
+        assert!(power_file(&p).contains("S0ix") && !power_file(&p).contains("Tegra"));
+        p.driver_version = "590.44.01".parse().unwrap();
+        assert!(power_file(&p).contains("Tegra"));
+    }
+
+    #[test]
+    fn params_gain_coherent_mode_in_580_65() {
+        let mut p = Profile::builtin("a100").unwrap();
+        assert!(!params_file(&p).contains("CoherentGPUMemoryMode"));
+        p.driver_version = "580.65.06".parse().unwrap();
+        let s = params_file(&p);
+        let coherent = s.find("CoherentGPUMemoryMode").unwrap();
+        assert!(coherent < s.find("RegistryDwords").unwrap());
+    }
+
+    #[test]
+    fn proprietary_module_without_firmware_prints_na_only_from_590_44() {
+        let mut p = Profile::builtin("t4").unwrap();
+        p.open_kernel_module = false;
+        let topo = NodeTopology::build(&p, "n", &one_socket_host()).unwrap();
+        assert!(information_file(&p, &topo.gpus[0]).contains("GPU Firmware: \t N/A\n"));
+        p.driver_version = "580.105.08".parse().unwrap();
+        assert!(!information_file(&p, &topo.gpus[0]).contains("GPU Firmware"));
+        assert!(version_file(&p).starts_with("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580"));
+    }
+
+    #[test]
+    fn config_space_carries_the_ids() {
+        let p = Profile::builtin("gb300").unwrap();
+        let topo = NodeTopology::build(&p, "n", &one_socket_host()).unwrap();
+        let c = config_space(&p, &topo.gpus[0]);
+        assert_eq!(c.len(), 4096);
+        assert_eq!(&c[0..4], &[0xde, 0x10, 0xc2, 0x31]);
+        assert_eq!(&c[0x09..0x0c], &[0x00, 0x02, 0x03]);
+        assert_eq!(&c[0x2c..0x30], &[0xde, 0x10, 0xf1, 0x21]);
+    }
+
+    #[test]
+    fn numa_status_names_a_node_the_host_lacks() {
+        let p = Profile::from_yaml("base: gb300\nnuma_status: true\n", "t").unwrap();
+        let host = one_socket_host();
+        let topo = NodeTopology::build(&p, "n", &host).unwrap();
+        let t = driver_tree(&topo, &host);
+        let path = format!("{PROC}/gpus/{}/numa_status", topo.gpus[0].bus_id);
+        let crate::tree::Kind::File(f) = &t.get(&path).unwrap().kind else {
+            panic!("numa_status is not a file")
+        };
+        assert!(f.starts_with(b"Node:      1\n"));
+        let plain = NodeTopology::build(&Profile::builtin("gb300").unwrap(), "n", &host).unwrap();
+        assert!(driver_tree(&plain, &host).get(&path).is_none());
+    }
+}

@@ -1,0 +1,14 @@
+//! The shared vocabulary of mockgpu: GPU profiles, the host's layout and the node's mock GPUs.
+//!
+//! Pure data and validation; no I/O. The agent, the NRI plugin and (later) the controller
+//! depend on this crate, never the other way round.
+
+mod busid;
+mod cpuset;
+pub mod profile;
+pub mod topology;
+
+pub use busid::{BusId, BusIdError};
+pub use cpuset::{CpuListError, CpuSet};
+pub use profile::{Arch, DriverVersion, Profile, ProfileError, ProfileSpec};
+pub use topology::{Gpu, HostNumaNode, HostPciDevice, HostSocket, HostTopology, NodeTopology, TopologyError};

@@ -1,0 +1,315 @@
+//! The host's CPU and PCI layout, and the node's mock GPUs placed onto it.
+//!
+//! [`NodeTopology::build`] is a pure, deterministic function of (profile, node name, host):
+//! the same inputs give the same UUIDs, bus ids, minors and CPU affinities on any machine.
+
+
+use crate::{BusId, CpuSet, Profile};
+
+/// One CPU socket (physical package) of the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSocket {
+    /// `physical_package_id`.
+    pub id: u32,
+    /// The socket's online CPUs.
+    pub cpus: CpuSet,
+}
+
+/// One NUMA node of the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostNumaNode {
+    /// Node id (`nodeN`).
+    pub id: u32,
+    /// The node's CPUs (may be empty for memory-only nodes).
+    pub cpus: CpuSet,
+}
+
+/// A real PCI device of the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPciDevice {
+    /// Its address.
+    pub bus_id: BusId,
+    /// Absolute sysfs path of its device directory (`/sys/devices/pci0000:00/0000:00:01.0`).
+    pub sysfs_path: String,
+}
+
+/// What the agent reads of the host it runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HostTopology {
+    /// Online CPUs.
+    pub cpus: CpuSet,
+    /// Possible CPU ids (`nr_cpu_ids`), which sets the width of `local_cpus` masks.
+    pub nr_cpu_ids: u32,
+    /// Sockets, ordered by id.
+    pub sockets: Vec<HostSocket>,
+    /// NUMA nodes, ordered by id; empty when the host has no NUMA.
+    pub numa_nodes: Vec<HostNumaNode>,
+    /// Real PCI devices.
+    pub pci_devices: Vec<HostPciDevice>,
+}
+
+/// Errors placing a profile onto a host.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    /// The node name is unusable.
+    #[error("invalid node name {0:?}: must be 1-253 printable characters without '/'")]
+    NodeName(String),
+    /// The host reported no CPUs.
+    #[error("the host reports no online CPUs")]
+    NoCpus,
+    /// No free bus is left for a GPU.
+    #[error("no free PCI bus left for GPU {0}")]
+    NoFreeBus(u32),
+}
+
+/// One mock GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// Position in the profile (0-based).
+    pub index: u32,
+    /// Device minor (`/dev/nvidia<minor>`).
+    pub minor: u32,
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    pub uuid: String,
+    /// PCI address.
+    pub bus_id: BusId,
+    /// Interrupt line printed in `information` and `irq`.
+    pub irq: u32,
+    /// Host socket whose CPUs the GPU is local to.
+    pub socket: u32,
+    /// Host NUMA node of that socket, or -1.
+    pub numa_node: i32,
+    /// The GPU's local CPUs: a whole host socket, or all CPUs.
+    pub cpus: CpuSet,
+}
+
+/// A node's mock GPUs, as the agent serves and reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeTopology {
+    /// Kubernetes node name (part of the identity).
+    pub node_name: String,
+    /// The profile the GPUs come from.
+    pub profile: Profile,
+    /// The GPUs, ordered by minor.
+    pub gpus: Vec<Gpu>,
+    /// Width of `local_cpus` masks.
+    pub nr_cpu_ids: u32,
+}
+
+impl NodeTopology {
+    /// Places the profile's GPUs onto `host`.
+    pub fn build(
+        profile: &Profile,
+        node_name: &str,
+        host: &HostTopology,
+    ) -> Result<NodeTopology, TopologyError> {
+        if node_name.is_empty()
+            || node_name.len() > 253
+            || node_name.contains('/')
+            || node_name.chars().any(char::is_control)
+        {
+            return Err(TopologyError::NodeName(node_name.to_string()));
+        }
+        if host.cpus.is_empty() {
+            return Err(TopologyError::NoCpus);
+        }
+        let whole_host = [HostSocket {
+            id: 0,
+            cpus: host.cpus.clone(),
+        }];
+        let sockets = if host.sockets.is_empty() {
+            &whole_host[..]
+        } else {
+            &host.sockets[..]
+        };
+        let mut taken: Vec<BusId> = Vec::new();
+        let mut gpus = Vec::new();
+        let per_socket = profile
+            .sockets
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &n)| std::iter::repeat_n(s, n as usize));
+        for (index, (profile_socket, &wanted)) in per_socket.zip(&profile.bus_ids).enumerate() {
+            let index = index as u32;
+            let socket = &sockets[profile_socket % sockets.len()];
+            let cpus = if sockets.len() == 1 {
+                host.cpus.clone()
+            } else {
+                socket.cpus.clone()
+            };
+            let numa_node = host
+                .numa_nodes
+                .iter()
+                .find(|n| !n.cpus.is_empty() && n.cpus.is_subset(&socket.cpus))
+                .map_or(-1, |n| n.id as i32);
+            let bus_id = free_bus(wanted, host, &taken).ok_or(TopologyError::NoFreeBus(index))?;
+            taken.push(bus_id);
+            gpus.push(Gpu {
+                index,
+                minor: index,
+                uuid: gpu_uuid(profile, node_name, index),
+                bus_id,
+                irq: 180 + index * 16,
+                socket: socket.id,
+                numa_node,
+                cpus,
+            });
+        }
+        Ok(NodeTopology {
+            node_name: node_name.to_string(),
+            profile: profile.clone(),
+            gpus,
+            nr_cpu_ids: host.nr_cpu_ids.max(host.cpus.iter().last().unwrap_or(0) + 1),
+        })
+    }
+}
+
+/// The bus after `id` (same domain), slot 0 function 0; wraps into the next domain.
+pub(crate) fn next_bus(id: BusId) -> BusId {
+    let (domain, bus) = match id.bus.checked_add(1) {
+        Some(bus) => (id.domain, bus),
+        None => (id.domain.wrapping_add(1), 0),
+    };
+    BusId {
+        domain,
+        bus,
+        slot: 0,
+        function: 0,
+    }
+}
+
+/// `wanted` unless a real device (or an earlier mock GPU) is there; then the next bus that has
+/// no real device at all and no mock GPU.
+fn free_bus(wanted: BusId, host: &HostTopology, taken: &[BusId]) -> Option<BusId> {
+    let clash = |id: BusId| host.pci_devices.iter().any(|d| d.bus_id == id) || taken.contains(&id);
+    if !clash(wanted) {
+        return Some(wanted);
+    }
+    let bus_used = |id: BusId| {
+        host.pci_devices
+            .iter()
+            .map(|d| d.bus_id)
+            .chain(taken.iter().copied())
+            .any(|d| (d.domain, d.bus) == (id.domain, id.bus))
+    };
+    let mut id = wanted;
+    for _ in 0..=u16::MAX {
+        id = next_bus(id);
+        if !bus_used(id) {
+            return Some(id);
+        }
+    }
+    None
+}
+
+/// 128-bit FNV-1a.
+fn fnv1a128(bytes: &[u8]) -> u128 {
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+    bytes
+        .iter()
+        .fold(OFFSET, |h, &b| (h ^ u128::from(b)).wrapping_mul(PRIME))
+}
+
+/// The GPU's UUID: a hash of the profile's identity, the node name and the GPU's index.
+fn gpu_uuid(profile: &Profile, node_name: &str, index: u32) -> String {
+    let key = format!(
+        "mockgpu\0{}\0{}\0{:04x}\0{:04x}\0{node_name}\0{index}",
+        profile.name, profile.model, profile.pci_device, profile.subsystem_device
+    );
+    let h = format!("{:032x}", fnv1a128(key.as_bytes()));
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(sockets: &[(u32, std::ops::Range<u32>)], numa: &[(u32, std::ops::Range<u32>)]) -> HostTopology {
+        let cpus = CpuSet::from_ids(sockets.iter().flat_map(|(_, r)| r.clone()));
+        HostTopology {
+            nr_cpu_ids: cpus.len() as u32,
+            cpus,
+            sockets: sockets
+                .iter()
+                .map(|(id, r)| HostSocket { id: *id, cpus: CpuSet::from_ids(r.clone()) })
+                .collect(),
+            numa_nodes: numa
+                .iter()
+                .map(|(id, r)| HostNumaNode { id: *id, cpus: CpuSet::from_ids(r.clone()) })
+                .collect(),
+            pci_devices: vec![],
+        }
+    }
+
+    #[test]
+    fn one_socket_host_gives_every_gpu_all_cpus() {
+        let p = Profile::builtin("gb300").unwrap();
+        let t = NodeTopology::build(&p, "node-a", &host(&[(0, 0..2)], &[(0, 0..2)])).unwrap();
+        assert_eq!(t.gpus.len(), 4);
+        for g in &t.gpus {
+            assert_eq!(g.cpus.to_list(), "0-1");
+            assert_eq!(g.numa_node, 0);
+        }
+    }
+
+    #[test]
+    fn two_socket_host_maps_profile_sockets_to_host_sockets() {
+        let p = Profile::builtin("gb300").unwrap();
+        // Two NUMA nodes per socket (SNC): a GPU still gets its whole socket.
+        let h = host(&[(0, 0..8), (1, 8..16)], &[(0, 0..4), (1, 4..8), (2, 8..12), (3, 12..16)]);
+        let t = NodeTopology::build(&p, "node-a", &h).unwrap();
+        let lists: Vec<_> = t.gpus.iter().map(|g| g.cpus.to_list()).collect();
+        assert_eq!(lists, ["0-7", "0-7", "8-15", "8-15"]);
+        let numa: Vec<_> = t.gpus.iter().map(|g| g.numa_node).collect();
+        assert_eq!(numa, [0, 0, 2, 2]);
+    }
+
+    #[test]
+    fn identity_is_deterministic_and_node_specific() {
+        let p = Profile::builtin("h100").unwrap();
+        let h = host(&[(0, 0..4)], &[]);
+        let a = NodeTopology::build(&p, "node-a", &h).unwrap();
+        assert_eq!(a, NodeTopology::build(&p, "node-a", &h).unwrap());
+        let b = NodeTopology::build(&p, "node-b", &h).unwrap();
+        assert_ne!(a.gpus[0].uuid, b.gpus[0].uuid);
+        assert_eq!(a.gpus[0].uuid.len(), 40);
+        assert_eq!(a.gpus[0].numa_node, -1);
+        let mut uuids: Vec<_> = a.gpus.iter().map(|g| &g.uuid).collect();
+        uuids.dedup();
+        assert_eq!(uuids.len(), 8);
+    }
+
+    #[test]
+    fn bus_ids_never_collide_with_real_devices() {
+        let p = Profile::builtin("t4").unwrap();
+        let mut h = host(&[(0, 0..2)], &[]);
+        for d in ["0000:00:1e.0", "0000:01:00.0"] {
+            h.pci_devices.push(HostPciDevice {
+                bus_id: d.parse().unwrap(),
+                sysfs_path: format!("/sys/devices/pci0000:00/{d}"),
+            });
+        }
+        let t = NodeTopology::build(&p, "n", &h).unwrap();
+        assert_eq!(t.gpus[0].bus_id.to_string(), "0000:02:00.0");
+        assert_eq!(NodeTopology::build(&p, "n", &h).unwrap(), t);
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let p = Profile::builtin("t4").unwrap();
+        assert!(NodeTopology::build(&p, "", &host(&[(0, 0..2)], &[])).is_err());
+        assert!(NodeTopology::build(&p, "a/b", &host(&[(0, 0..2)], &[])).is_err());
+        assert_eq!(
+            NodeTopology::build(&p, "n", &HostTopology::default()),
+            Err(TopologyError::NoCpus)
+        );
+    }
+}
