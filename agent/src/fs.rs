@@ -287,6 +287,17 @@ impl Filesystem for DriverFs {
         }
     }
 
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: fuser::ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
     fn readdir(
         &self,
         _req: &Request,
@@ -326,25 +337,37 @@ impl Filesystem for DriverFs {
 /// A mounted driver tree; unmounts when dropped or on [`Mounted::unmount`].
 pub struct Mounted {
     session: Option<BackgroundSession>,
+    mountpoint: std::path::PathBuf,
     /// Replaces the served tree.
     pub handle: TreeHandle,
 }
 
 impl Mounted {
-    /// Unmounts and waits for the FUSE thread to end.
+    /// Unmounts and waits for the FUSE thread to end. A mount still in use (an open file, a
+    /// process's working directory) is detached lazily instead: it leaves the mount table at
+    /// once and the FUSE thread serves its last users until they let go.
     pub fn unmount(mut self) -> io::Result<()> {
-        match self.session.take() {
-            Some(s) => s.umount_and_join(),
-            None => Ok(()),
+        self.unmount_inner()
+    }
+
+    fn unmount_inner(&mut self) -> io::Result<()> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        match session.umount_and_join() {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                tracing::warn!(mountpoint = %self.mountpoint.display(), "driver tree busy: detaching it lazily");
+                nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH)
+                    .map_err(io::Error::from)
+            }
+            other => other,
         }
     }
 }
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            let _ = s.umount_and_join();
-        }
+        let _ = self.unmount_inner();
     }
 }
 
@@ -365,6 +388,7 @@ pub fn mount(tree: &Tree, mountpoint: &Path) -> io::Result<Mounted> {
     handle.set_notifier(session.notifier());
     Ok(Mounted {
         session: Some(session),
+        mountpoint: mountpoint.to_path_buf(),
         handle,
     })
 }

@@ -1,8 +1,13 @@
 //! The mockgpu node agent: probes the host, places the profile's GPUs onto it, renders the
 //! NVIDIA driver tree and serves it over FUSE.
 
+pub mod exec;
 pub mod fs;
 pub mod host;
+pub mod mounts;
 pub mod output;
+pub mod real;
 pub mod render;
+pub mod serve;
+pub mod shim;
 pub mod tree;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use mockgpu_agent::serve::{self, ProfileSource, ServeConfig};
 use mockgpu_agent::{host::SysfsHost, output, render};
 use mockgpu_api::{NodeTopology, Profile};
 
@@ -20,6 +21,20 @@ struct Cli {
 enum Command {
     /// Write the mock driver tree as plain files (for debugging and diffing).
     Render(RenderArgs),
+    /// Serve the driver tree over FUSE (the DaemonSet entry point); optionally run the NRI plugin.
+    Serve(ServeArgs),
+    /// Run one command as if this machine had the profile's GPUs (FUSE + the shim), e.g.
+    /// `exec -- slurmd -C` or `exec -- lspci -d 10de:`.
+    Exec(ExecArgs),
+}
+
+#[derive(Args)]
+struct ExecArgs {
+    #[command(flatten)]
+    profile: ProfileArgs,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<std::ffi::OsString>,
 }
 
 /// Which GPUs to mock.
@@ -48,16 +63,69 @@ struct RenderArgs {
     out: PathBuf,
 }
 
-fn main() -> Result<()> {
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    profile: ProfileArgs,
+    /// FUSE mount point; its parent is made a shared mount and receives lib/libmockfs.so and
+    /// ld.so.preload.
+    #[arg(long, default_value = "/run/mockgpu/fs")]
+    mountpoint: PathBuf,
+    /// Where containers see the mount point's parent (the NRI mount destination).
+    #[arg(long, default_value = "/run/mockgpu")]
+    container_dir: PathBuf,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    listen: std::net::SocketAddr,
+    /// Seconds between checks of --profile-file for changes.
+    #[arg(long, default_value_t = 2.0)]
+    reload_interval: f64,
+    /// Run the NRI plugin in-process, connected to the runtime's NRI socket.
+    #[arg(long)]
+    nri: bool,
+    /// The runtime's NRI socket (implies --nri).
+    #[arg(long)]
+    nri_socket: Option<PathBuf>,
+    /// NRI plugin configuration file (YAML; implies --nri).
+    #[arg(long)]
+    nri_config: Option<PathBuf>,
+    /// Where procfs is mounted (checked for a real NVIDIA driver).
+    #[arg(long, default_value = "/proc", hide = true)]
+    procfs: PathBuf,
+}
+
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // `exec` shares the terminal with the command it runs: only warnings by default.
+    let default_level = if matches!(cli.command, Command::Exec(_)) { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| default_level.into()),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
-    match cli.command {
+    match run(cli.command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mockgpu-agent: {e}");
+            // Like env(1): 127 when the command to exec does not exist, 126 when it cannot run.
+            match e.downcast_ref::<mockgpu_agent::exec::ExecError>() {
+                Some(mockgpu_agent::exec::ExecError::Spawn { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    std::process::ExitCode::from(127)
+                }
+                Some(mockgpu_agent::exec::ExecError::Spawn { .. }) => std::process::ExitCode::from(126),
+                _ => std::process::ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
         Command::Render(args) => {
             let topo = topology(&args.profile)?;
             let host = SysfsHost::new(&args.profile.sysfs).probe()?;
@@ -75,8 +143,71 @@ fn main() -> Result<()> {
                 written.entries
             );
         }
+        Command::Serve(args) => serve(args)?,
+        Command::Exec(args) => {
+            let topo = topology(&args.profile)?;
+            let host = SysfsHost::new(&args.profile.sysfs).probe()?;
+            let tree = render::driver_tree(&topo, &host);
+            tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), "running with mock GPUs");
+            let (code, backing) = mockgpu_agent::exec::run(&tree, &args.command)?;
+            tracing::debug!(code, ?backing, "command finished");
+            std::process::exit(code);
+        }
     }
     Ok(())
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let nri = if args.nri || args.nri_socket.is_some() || args.nri_config.is_some() {
+        let mut config = match &args.nri_config {
+            Some(path) => mockgpu_nri::Config::load(path)?,
+            None => mockgpu_nri::Config::default(),
+        };
+        if let Some(socket) = &args.nri_socket {
+            config.socket = socket.clone();
+        }
+        config.injection.host_dir = args.container_dir.clone();
+        config.injection.container_dir = args.container_dir.clone();
+        Some(config)
+    } else {
+        None
+    };
+    if !(0.05..=3600.0).contains(&args.reload_interval) {
+        anyhow::bail!("--reload-interval must be between 0.05 and 3600 seconds");
+    }
+    let cfg = ServeConfig {
+        profile: match &args.profile.profile_file {
+            Some(path) => ProfileSource::File(path.clone()),
+            None => ProfileSource::Builtin(args.profile.profile.clone()),
+        },
+        node_name: node_name(&args.profile)?,
+        sysfs: args.profile.sysfs.clone(),
+        procfs: args.procfs,
+        mountpoint: args.mountpoint,
+        container_dir: args.container_dir,
+        listen: args.listen,
+        reload_interval: std::time::Duration::from_secs_f64(args.reload_interval),
+        nri,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        };
+        serve::run(cfg, shutdown).await?;
+        anyhow::Ok(())
+    })
+}
+
+fn node_name(args: &ProfileArgs) -> Result<String> {
+    Ok(match &args.node_name {
+        Some(n) => n.clone(),
+        None => nix::unistd::gethostname()?.to_string_lossy().into_owned(),
+    })
 }
 
 fn topology(args: &ProfileArgs) -> Result<NodeTopology> {
@@ -88,10 +219,7 @@ fn topology(args: &ProfileArgs) -> Result<NodeTopology> {
         }
         None => Profile::builtin(&args.profile)?,
     };
-    let node = match &args.node_name {
-        Some(n) => n.clone(),
-        None => nix::unistd::gethostname()?.to_string_lossy().into_owned(),
-    };
+    let node = node_name(args)?;
     let host = SysfsHost::new(&args.sysfs).probe()?;
     Ok(NodeTopology::build(&profile, &node, &host)?)
 }

@@ -67,7 +67,9 @@ pub fn write_tree(tree: &Tree, out: &Path) -> Result<Written, OutputError> {
             Kind::CharDev { major, minor } => {
                 let mode = Mode::from_bits_truncate(entry.mode.into());
                 match mknod(&path, SFlag::S_IFCHR, mode, makedev((*major).into(), (*minor).into())) {
-                    Ok(()) => {}
+                    // mknod applies the umask; set the exact mode afterwards.
+                    Ok(()) => fs::set_permissions(&path, fs::Permissions::from_mode(entry.mode.into()))
+                        .map_err(io_err(&path))?,
                     Err(nix::errno::Errno::EPERM) => {
                         written.skipped_devices.push(rel.to_string());
                         continue;

@@ -1,0 +1,74 @@
+//! Helpers shared by the agent's integration tests.
+#![allow(dead_code)]
+
+use std::fmt::Write as _;
+
+use mockgpu_agent::render::driver_tree;
+use mockgpu_agent::tree::{Kind, Tree};
+use mockgpu_api::{CpuSet, HostNumaNode, HostPciDevice, HostSocket, HostTopology, NodeTopology, Profile};
+
+/// A fixed two-socket host (CPUs 0-3 and 4-7, one NUMA node each) with two real PCI devices,
+/// one of them at the T4's usual address.
+pub fn fixed_host() -> HostTopology {
+    let socket = |id: u32, cpus: std::ops::Range<u32>| HostSocket {
+        id,
+        cpus: CpuSet::from_ids(cpus),
+    };
+    HostTopology {
+        cpus: CpuSet::from_ids(0..8),
+        nr_cpu_ids: 8,
+        sockets: vec![socket(0, 0..4), socket(1, 4..8)],
+        numa_nodes: vec![
+            HostNumaNode { id: 0, cpus: CpuSet::from_ids(0..4) },
+            HostNumaNode { id: 1, cpus: CpuSet::from_ids(4..8) },
+        ],
+        pci_devices: ["0000:00:00.0", "0000:00:1e.0"]
+            .iter()
+            .map(|d| HostPciDevice {
+                bus_id: d.parse().unwrap(),
+                sysfs_path: format!("/sys/devices/pci0000:00/{d}"),
+            })
+            .collect(),
+    }
+}
+
+/// The tree of a built-in profile on [`fixed_host`] for node `node-0`.
+pub fn fixed_tree(profile: &str) -> (NodeTopology, Tree) {
+    let host = fixed_host();
+    let topo = NodeTopology::build(&Profile::builtin(profile).unwrap(), "node-0", &host).unwrap();
+    let tree = driver_tree(&topo, &host);
+    (topo, tree)
+}
+
+/// A reviewable text dump of a tree: one line per entry, file contents indented below it.
+pub fn dump(tree: &Tree) -> String {
+    let mut out = String::new();
+    for (path, entry) in tree.iter() {
+        let path = if path.is_empty() { "." } else { path };
+        match &entry.kind {
+            Kind::Dir => writeln!(out, "d {:o} {path}", entry.mode).unwrap(),
+            Kind::Symlink(t) => writeln!(out, "l {path} -> {t}").unwrap(),
+            Kind::CharDev { major, minor } => {
+                writeln!(out, "c {:o} {path} {major}:{minor}", entry.mode).unwrap()
+            }
+            Kind::File(c) => match std::str::from_utf8(c).ok().filter(|s| !s.contains('\0')) {
+                Some(text) => {
+                    writeln!(out, "f {:o} {path} ({} bytes)", entry.mode, c.len()).unwrap();
+                    for line in text.split_inclusive('\n') {
+                        writeln!(out, "  |{}", line.escape_debug()).unwrap();
+                    }
+                }
+                None => {
+                    let nonzero: Vec<String> = c
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, b)| **b != 0)
+                        .map(|(i, b)| format!("{i:03x}:{b:02x}"))
+                        .collect();
+                    writeln!(out, "b {:o} {path} ({} bytes) nonzero {}", entry.mode, c.len(), nonzero.join(" ")).unwrap();
+                }
+            },
+        }
+    }
+    out
+}
