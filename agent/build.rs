@@ -28,7 +28,10 @@ fn main() {
         .env_remove("CARGO_BUILD_RUSTFLAGS")
         .status()
         .expect("cannot run cargo to build mockfs-shim");
-    assert!(status.success(), "building mockfs-shim (libmockfs.so) failed");
+    assert!(
+        status.success(),
+        "building mockfs-shim (libmockfs.so) failed"
+    );
     let lib = target_dir.join("release/libmockfs.so");
     assert!(lib.exists(), "{} was not built", lib.display());
     println!("cargo:rustc-env=MOCKGPU_SHIM_PATH={}", lib.display());

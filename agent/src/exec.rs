@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use nix::sched::{CloneFlags, unshare};
 use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, unshare};
 use nix::sys::signal::{SigHandler, Signal, signal};
 
 use crate::{fs as fuse, output, shim, tree::Tree};
@@ -75,12 +75,13 @@ impl Drop for TempDir {
 /// entering a private mount namespace requires a single-threaded process.
 pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecError> {
     let private = nix::unistd::geteuid().is_root() && enter_private_namespace();
-    let tmp = nix::unistd::mkdtemp(&std::env::temp_dir().join("mockgpu-exec.XXXXXX")).map_err(
-        |e| ExecError::Prepare {
-            path: std::env::temp_dir(),
-            source: e.into(),
-        },
-    )?;
+    let tmp =
+        nix::unistd::mkdtemp(&std::env::temp_dir().join("mockgpu-exec.XXXXXX")).map_err(|e| {
+            ExecError::Prepare {
+                path: std::env::temp_dir(),
+                source: e.into(),
+            }
+        })?;
     let tmp = TempDir(tmp);
     let root = tmp.0.join("fs");
     std::fs::create_dir(&root).map_err(|source| ExecError::Prepare {
@@ -92,7 +93,14 @@ pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecErro
         source,
     })?;
     let (mounted, backing) = match fuse::mount(tree, &root) {
-        Ok(m) => (Some(m), if private { Backing::PrivateFuse } else { Backing::Fuse }),
+        Ok(m) => (
+            Some(m),
+            if private {
+                Backing::PrivateFuse
+            } else {
+                Backing::Fuse
+            },
+        ),
         Err(e) => {
             tracing::warn!(error = %e, "FUSE unavailable; serving a rendered copy of the tree instead");
             std::fs::remove_dir(&root).map_err(|source| ExecError::Prepare {

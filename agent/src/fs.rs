@@ -2,8 +2,8 @@
 //!
 //! Inode numbers are assigned per path and never reused, so a reload keeps the inodes of
 //! unchanged entries; every changed or removed entry is invalidated through the kernel notifier.
-//! Files report their exact size and are opened with `FOPEN_KEEP_CACHE` under long TTLs, so warm
-//! reads are served from the kernel's page cache without a round trip to the agent.
+//! Files report their exact size; opens are zero-message (the kernel keeps the page cache) and
+//! TTLs are long, so warm reads are served by the kernel without a round trip to the agent.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyEntry, ReplyOpen, Request, SessionACL,
+    BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, Generation,
+    INodeNo, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyEntry, ReplyOpen, Request, SessionACL,
 };
 
 use crate::tree::{Entry, Kind, Tree};
@@ -121,7 +121,11 @@ impl Snapshot {
                     matches!(tree.get(&child).map(|e| &e.kind), Some(Kind::Dir))
                 })
                 .count() as u32;
-            let nlink = if matches!(entry.kind, Kind::Dir) { 2 + subdirs } else { 1 };
+            let nlink = if matches!(entry.kind, Kind::Dir) {
+                2 + subdirs
+            } else {
+                1
+            };
             nodes.insert(
                 ino,
                 Node {
@@ -191,15 +195,20 @@ impl TreeHandle {
             Arc::new(Snapshot::build(tree, &mut inodes, SystemTime::now()))
         };
         let old = std::mem::replace(
-            &mut *self.inner.snapshot.write().unwrap_or_else(|e| e.into_inner()),
+            &mut *self
+                .inner
+                .snapshot
+                .write()
+                .unwrap_or_else(|e| e.into_inner()),
             new.clone(),
         );
         let mut changed = 0;
         let notifier = self.notifier.lock().unwrap_or_else(|e| e.into_inner());
         for (&ino, node) in &old.nodes {
-            let same = new.nodes.get(&ino).is_some_and(|n| {
-                n.entry == node.entry && n.children == node.children
-            });
+            let same = new
+                .nodes
+                .get(&ino)
+                .is_some_and(|n| n.entry == node.entry && n.children == node.children);
             if same {
                 continue;
             }
@@ -254,13 +263,31 @@ impl Filesystem for DriverFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.snapshot().nodes.get(&ino.0).map(|n| &n.entry.kind) {
-            Some(Kind::File(_)) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Some(Kind::Dir) => reply.error(Errno::EISDIR),
-            Some(_) => reply.error(Errno::ENXIO),
-            None => reply.error(Errno::ENOENT),
-        }
+    /// Answered with ENOSYS so that the kernel stops sending opens and releases at all
+    /// (`FUSE_NO_OPEN_SUPPORT`): a zero-message open keeps the page cache, and only regular
+    /// files reach here (directories go to `opendir`, device nodes are refused by `nodev`).
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// ENOSYS likewise (`FUSE_NO_OPENDIR_SUPPORT`): directory handles carry no state here.
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn read(
@@ -277,7 +304,9 @@ impl Filesystem for DriverFs {
         self.inner.reads.fetch_add(1, Ordering::Relaxed);
         match self.snapshot().nodes.get(&ino.0).map(|n| &n.entry.kind) {
             Some(Kind::File(content)) => {
-                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(content.len());
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(content.len());
                 let end = start.saturating_add(size as usize).min(content.len());
                 reply.data(content.get(start..end).unwrap_or_default());
             }
@@ -295,7 +324,8 @@ impl Filesystem for DriverFs {
         _lock_owner: LockOwner,
         reply: fuser::ReplyEmpty,
     ) {
-        reply.ok();
+        // ENOSYS once makes the kernel stop sending flushes on close.
+        reply.error(Errno::ENOSYS);
     }
 
     fn readdir(

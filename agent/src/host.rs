@@ -186,7 +186,11 @@ mod tests {
         write(r, "devices/system/cpu/possible", "0-7\n");
         for cpu in 0..4 {
             let pkg = if cpu < 2 { "0" } else { "1" };
-            write(r, &format!("devices/system/cpu/cpu{cpu}/topology/physical_package_id"), pkg);
+            write(
+                r,
+                &format!("devices/system/cpu/cpu{cpu}/topology/physical_package_id"),
+                pkg,
+            );
         }
         write(r, "devices/system/node/node0/cpulist", "0-1\n");
         write(r, "devices/system/node/node1/cpulist", "2-3\n");
@@ -202,7 +206,10 @@ mod tests {
         assert_eq!(h.sockets.len(), 2);
         assert_eq!(h.sockets[1].cpus.to_list(), "2-3");
         assert_eq!(h.numa_nodes.len(), 2);
-        assert_eq!(h.pci_devices[0].sysfs_path, "/sys/devices/pci0000:00/0000:00:1e.0");
+        assert_eq!(
+            h.pci_devices[0].sysfs_path,
+            "/sys/devices/pci0000:00/0000:00:1e.0"
+        );
     }
 
     #[test]

@@ -97,7 +97,11 @@ struct ServeArgs {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // `exec` shares the terminal with the command it runs: only warnings by default.
-    let default_level = if matches!(cli.command, Command::Exec(_)) { "warn" } else { "info" };
+    let default_level = if matches!(cli.command, Command::Exec(_)) {
+        "warn"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -117,7 +121,9 @@ fn main() -> std::process::ExitCode {
                 {
                     std::process::ExitCode::from(127)
                 }
-                Some(mockgpu_agent::exec::ExecError::Spawn { .. }) => std::process::ExitCode::from(126),
+                Some(mockgpu_agent::exec::ExecError::Spawn { .. }) => {
+                    std::process::ExitCode::from(126)
+                }
                 _ => std::process::ExitCode::FAILURE,
             }
         }
@@ -132,7 +138,10 @@ fn run(command: Command) -> Result<()> {
             let tree = render::driver_tree(&topo, &host);
             let written = output::write_tree(&tree, &args.out)?;
             for dev in &written.skipped_devices {
-                tracing::warn!(device = dev, "device node skipped: creating it needs CAP_MKNOD");
+                tracing::warn!(
+                    device = dev,
+                    "device node skipped: creating it needs CAP_MKNOD"
+                );
             }
             println!(
                 "rendered {} GPUs ({}) for node {} into {} ({} entries)",
@@ -189,7 +198,9 @@ fn serve(args: ServeArgs) -> Result<()> {
         reload_interval: std::time::Duration::from_secs_f64(args.reload_interval),
         nri,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let shutdown = async move {

@@ -41,7 +41,9 @@ fn unescape(s: &str) -> String {
     let mut rest = s;
     while let Some(i) = rest.find('\\') {
         out.push_str(&rest[..i]);
-        let code = rest.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok());
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
         match code {
             Some(c) => {
                 out.push(c as char);
@@ -70,8 +72,14 @@ pub fn make_shared(dir: &Path) -> Result<(), MountError> {
         mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
             .map_err(error("cannot bind-mount onto itself", dir))?;
     }
-    mount(None::<&str>, dir, None::<&str>, MsFlags::MS_SHARED, None::<&str>)
-        .map_err(error("cannot make shared", dir))
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .map_err(error("cannot make shared", dir))
 }
 
 /// Detaches whatever is mounted at `path` (a dead FUSE mount answers `ENOTCONN`), so that a

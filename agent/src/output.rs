@@ -40,12 +40,7 @@ pub fn write_tree(tree: &Tree, out: &Path) -> Result<Written, OutputError> {
         let path = path.to_path_buf();
         move |source| OutputError::Io { path, source }
     };
-    if out.exists()
-        && fs::read_dir(out)
-            .map_err(io_err(out))?
-            .next()
-            .is_some()
-    {
+    if out.exists() && fs::read_dir(out).map_err(io_err(out))?.next().is_some() {
         return Err(OutputError::NotEmpty(out.to_path_buf()));
     }
     fs::create_dir_all(out).map_err(io_err(out))?;
@@ -66,10 +61,17 @@ pub fn write_tree(tree: &Tree, out: &Path) -> Result<Written, OutputError> {
             Kind::Symlink(target) => symlink(target, &path).map_err(io_err(&path))?,
             Kind::CharDev { major, minor } => {
                 let mode = Mode::from_bits_truncate(entry.mode.into());
-                match mknod(&path, SFlag::S_IFCHR, mode, makedev((*major).into(), (*minor).into())) {
+                match mknod(
+                    &path,
+                    SFlag::S_IFCHR,
+                    mode,
+                    makedev((*major).into(), (*minor).into()),
+                ) {
                     // mknod applies the umask; set the exact mode afterwards.
-                    Ok(()) => fs::set_permissions(&path, fs::Permissions::from_mode(entry.mode.into()))
-                        .map_err(io_err(&path))?,
+                    Ok(()) => {
+                        fs::set_permissions(&path, fs::Permissions::from_mode(entry.mode.into()))
+                            .map_err(io_err(&path))?
+                    }
                     Err(nix::errno::Errno::EPERM) => {
                         written.skipped_devices.push(rel.to_string());
                         continue;

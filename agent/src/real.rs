@@ -69,7 +69,10 @@ mod tests {
         assert_eq!(gpus[3].minor, Some(3));
         assert_eq!(gpus[0].model, "NVIDIA H100 80GB HBM3");
         assert_eq!(gpus[0].uuid, topo.gpus[0].uuid);
-        assert_eq!(gpus[0].local_cpulist.as_deref(), Some(host.cpus.to_list().as_str()));
+        assert_eq!(
+            gpus[0].local_cpulist.as_deref(),
+            Some(host.cpus.to_list().as_str())
+        );
         assert!(detect(dir.path(), dir.path()).is_none());
     }
 }

@@ -267,8 +267,16 @@ fn bars(p: &Profile, gpu: &Gpu) -> [(u64, u64, u64); 3] {
     let bar1_size = (p.memory_mib << 20).next_power_of_two();
     [
         (0x9000_0000 + i * 0x0200_0000, 16 << 20, 0x0004_0200),
-        (0x2000_0000_0000 + i * 0x100_0000_0000, bar1_size, 0x0014_220c),
-        (0x2000_0000_0000 + i * 0x100_0000_0000 + bar1_size, 32 << 20, 0x0014_220c),
+        (
+            0x2000_0000_0000 + i * 0x100_0000_0000,
+            bar1_size,
+            0x0014_220c,
+        ),
+        (
+            0x2000_0000_0000 + i * 0x100_0000_0000 + bar1_size,
+            32 << 20,
+            0x0014_220c,
+        ),
     ]
 }
 
@@ -332,7 +340,14 @@ pub fn config_space(p: &Profile, gpu: &Gpu) -> Vec<u8> {
     put(0x04, &0x0006u16.to_le_bytes()); // memory space + bus master
     put(0x06, &0x0010u16.to_le_bytes()); // capabilities list
     put(0x08, &[p.revision]);
-    put(0x09, &[(p.class & 0xff) as u8, ((p.class >> 8) & 0xff) as u8, (p.class >> 16) as u8]);
+    put(
+        0x09,
+        &[
+            (p.class & 0xff) as u8,
+            ((p.class >> 8) & 0xff) as u8,
+            (p.class >> 16) as u8,
+        ],
+    );
     let [bar0, bar1, bar3] = bars(p, gpu);
     put(0x10, &(bar0.0 as u32).to_le_bytes());
     put(0x14, &((bar1.0 as u32) | 0x0c).to_le_bytes());
@@ -398,7 +413,9 @@ mod tests {
         assert!(information_file(&p, &topo.gpus[0]).contains("GPU Firmware: \t N/A\n"));
         p.driver_version = "580.105.08".parse().unwrap();
         assert!(!information_file(&p, &topo.gpus[0]).contains("GPU Firmware"));
-        assert!(version_file(&p).starts_with("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580"));
+        assert!(
+            version_file(&p).starts_with("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580")
+        );
     }
 
     #[test]

@@ -141,7 +141,9 @@ impl AgentState {
 impl Inventory for AgentState {
     fn snapshot(&self) -> Result<GpuInventory, NotReady> {
         if !self.mounted.load(Ordering::Acquire) {
-            return Err(NotReady("the agent has not mounted the driver tree yet".into()));
+            return Err(NotReady(
+                "the agent has not mounted the driver tree yet".into(),
+            ));
         }
         let topo = self.topology.read().unwrap_or_else(|e| e.into_inner());
         let topo = topo
@@ -181,29 +183,60 @@ impl Probe for AgentState {
             .map_or(0, TreeHandle::reads);
         let gauges = [
             ("mockgpu_gpus", "Mock GPUs served", self.gpu_count() as u64),
-            ("mockgpu_real_gpus", "Real GPUs found (report-only mode)", self.real_gpus.load(Ordering::Relaxed)),
-            ("mockgpu_mounted", "Whether the FUSE tree is mounted", u64::from(self.mounted.load(Ordering::Relaxed))),
-            ("mockgpu_pinned_containers", "Containers holding GPUs", self.pinned.load(Ordering::Relaxed)),
-            ("mockgpu_mount_duration_milliseconds", "Time from start to mounted", self.mount_ms.load(Ordering::Relaxed)),
+            (
+                "mockgpu_real_gpus",
+                "Real GPUs found (report-only mode)",
+                self.real_gpus.load(Ordering::Relaxed),
+            ),
+            (
+                "mockgpu_mounted",
+                "Whether the FUSE tree is mounted",
+                u64::from(self.mounted.load(Ordering::Relaxed)),
+            ),
+            (
+                "mockgpu_pinned_containers",
+                "Containers holding GPUs",
+                self.pinned.load(Ordering::Relaxed),
+            ),
+            (
+                "mockgpu_mount_duration_milliseconds",
+                "Time from start to mounted",
+                self.mount_ms.load(Ordering::Relaxed),
+            ),
         ];
         for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
         }
         let counters = [
-            ("mockgpu_profile_reloads_total", "Profile changes applied", self.reloads.load(Ordering::Relaxed)),
-            ("mockgpu_profile_reload_errors_total", "Profile changes rejected", self.reload_errors.load(Ordering::Relaxed)),
-            ("mockgpu_fuse_reads_total", "Reads that reached the agent (kernel cache misses)", reads),
+            (
+                "mockgpu_profile_reloads_total",
+                "Profile changes applied",
+                self.reloads.load(Ordering::Relaxed),
+            ),
+            (
+                "mockgpu_profile_reload_errors_total",
+                "Profile changes rejected",
+                self.reload_errors.load(Ordering::Relaxed),
+            ),
+            (
+                "mockgpu_fuse_reads_total",
+                "Reads that reached the agent (kernel cache misses)",
+                reads,
+            ),
         ];
         for (name, help, value) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
         }
     }
 }
 
-fn build(
-    profile: &Profile,
-    cfg: &ServeConfig,
-) -> Result<(NodeTopology, HostTopology), ServeError> {
+fn build(profile: &Profile, cfg: &ServeConfig) -> Result<(NodeTopology, HostTopology), ServeError> {
     let host = SysfsHost::new(&cfg.sysfs).probe()?;
     let topo = NodeTopology::build(profile, &cfg.node_name, &host)?;
     Ok((topo, host))
@@ -218,7 +251,10 @@ fn install_shim(dir: &Path, container_dir: &Path) -> Result<(), ServeError> {
         source,
     })?;
     let preload = dir.join("ld.so.preload");
-    let content = format!("{}\n", container_dir.join("lib").join(shim::FILE_NAME).display());
+    let content = format!(
+        "{}\n",
+        container_dir.join("lib").join(shim::FILE_NAME).display()
+    );
     fs::write(&preload, content).map_err(|source| ServeError::Install {
         path: preload,
         source,
@@ -255,7 +291,10 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         for g in &gpus {
             tracing::info!(bus_id = %g.bus_id, model = %g.model, uuid = %g.uuid, minor = ?g.minor, cpus = ?g.local_cpulist, "real GPU");
         }
-        tracing::info!(count = gpus.len(), "real NVIDIA driver found: mocking nothing, reporting only");
+        tracing::info!(
+            count = gpus.len(),
+            "real NVIDIA driver found: mocking nothing, reporting only"
+        );
         shutdown.await;
         let _ = stop_tx.send(true);
         let _ = health_task.await;
@@ -283,10 +322,11 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         source,
     })?;
     install_shim(&dir, &cfg.container_dir)?;
-    let mounted: Mounted = crate::fs::mount(&tree, &cfg.mountpoint).map_err(|source| ServeError::Fuse {
-        path: cfg.mountpoint.clone(),
-        source,
-    })?;
+    let mounted: Mounted =
+        crate::fs::mount(&tree, &cfg.mountpoint).map_err(|source| ServeError::Fuse {
+            path: cfg.mountpoint.clone(),
+            source,
+        })?;
     let mount_ms = started.elapsed().as_millis() as u64;
     state.mount_ms.store(mount_ms, Ordering::Relaxed);
     *state.handle.write().unwrap_or_else(|e| e.into_inner()) = Some(mounted.handle.clone());
@@ -332,7 +372,8 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
                                 let changed = handle.replace(&render::driver_tree(&topo, &host));
                                 state.reloads.fetch_add(1, Ordering::Relaxed);
                                 tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), changed, "profile changed: tree updated");
-                                *state.topology.write().unwrap_or_else(|e| e.into_inner()) = Some(topo);
+                                *state.topology.write().unwrap_or_else(|e| e.into_inner()) =
+                                    Some(topo);
                             }
                             Err(e) => {
                                 state.reload_errors.fetch_add(1, Ordering::Relaxed);
@@ -341,7 +382,9 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
                         }
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot read profile file"),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot read profile file")
+                    }
                 }
             }
         }
@@ -370,13 +413,24 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
 /// Logs a pinning event and keeps the pinned-container gauge.
 fn log_pinning(state: &AgentState, event: &PinningEvent) {
     match event {
-        PinningEvent::Pinned { pod, container_name, gpus, .. } => {
+        PinningEvent::Pinned {
+            pod,
+            container_name,
+            gpus,
+            ..
+        } => {
             state.pinned.fetch_add(1, Ordering::Relaxed);
             let minors: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
             tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %container_name, ?minors, "container pinned to GPUs");
         }
-        PinningEvent::Unpinned { pod, container_name, .. } => {
-            let _ = state.pinned.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        PinningEvent::Unpinned {
+            pod,
+            container_name,
+            ..
+        } => {
+            let _ = state
+                .pinned
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
             tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %container_name, "container unpinned");
         }
     }

@@ -28,7 +28,10 @@ fn bad_profiles_fail_with_named_errors() {
         ("base: gb300\ngpus: 0\n", "field `gpus`"),
         ("base: gb300\ngpus: 1000\n", "field `gpus`"),
         ("base: gb300\nsockets: [3, 3]\n", "field `sockets`"),
-        ("base: gb300\nmodel: \"NVIDIA\\u0007GB300\"\n", "field `model`"),
+        (
+            "base: gb300\nmodel: \"NVIDIA\\u0007GB300\"\n",
+            "field `model`",
+        ),
         ("name: custom\n", "field `model`"),
         ("- a\n- b\n", "p.yaml"),
     ];
@@ -42,7 +45,13 @@ fn bad_profiles_fail_with_named_errors() {
 #[test]
 fn unknown_builtin_and_occupied_output_are_errors() {
     let out = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
-        .args(["render", "--profile", "nope", "--out", "/tmp/never-written-mockgpu"])
+        .args([
+            "render",
+            "--profile",
+            "nope",
+            "--out",
+            "/tmp/never-written-mockgpu",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -56,5 +65,8 @@ fn unknown_builtin_and_occupied_output_are_errors() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("refusing to overwrite"));
-    assert_eq!(std::fs::read_to_string(dir.path().join("keep")).unwrap(), "x");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("keep")).unwrap(),
+        "x"
+    );
 }

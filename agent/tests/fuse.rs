@@ -18,7 +18,10 @@ fn snapshot(root: &Path) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let mut names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
         names.sort();
         for path in names {
             let rel = path.strip_prefix(root).unwrap().display().to_string();
@@ -30,9 +33,17 @@ fn snapshot(root: &Path) -> Vec<(String, String)> {
             } else if md.file_type().is_symlink() {
                 format!("link {}", fs::read_link(&path).unwrap().display())
             } else if md.file_type().is_char_device() {
-                format!("chr {perm:o} {}:{}", libc::major(md.rdev()), libc::minor(md.rdev()))
+                format!(
+                    "chr {perm:o} {}:{}",
+                    libc::major(md.rdev()),
+                    libc::minor(md.rdev())
+                )
             } else {
-                let content = if perm & 0o444 != 0 { fs::read(&path).unwrap() } else { Vec::new() };
+                let content = if perm & 0o444 != 0 {
+                    fs::read(&path).unwrap()
+                } else {
+                    Vec::new()
+                };
                 if perm & 0o444 != 0 {
                     assert_eq!(md.len(), content.len() as u64, "st_size of {rel}");
                 }
@@ -64,7 +75,12 @@ fn fuse_tree_matches_render_refuses_writes_and_reloads() {
     let (fuse_view, plain_view) = (snapshot(&mnt), snapshot(&plain));
     assert_eq!(fuse_view.len(), tree.len() - 1);
     for (f, p) in fuse_view.iter().zip(&plain_view) {
-        assert!(f == p, "FUSE {} != render {}", &format!("{f:?}")[..160.min(format!("{f:?}").len())], &format!("{p:?}")[..160.min(format!("{p:?}").len())]);
+        assert!(
+            f == p,
+            "FUSE {} != render {}",
+            &format!("{f:?}")[..160.min(format!("{f:?}").len())],
+            &format!("{p:?}")[..160.min(format!("{p:?}").len())]
+        );
     }
     assert_eq!(fuse_view.len(), plain_view.len());
 
@@ -74,13 +90,22 @@ fn fuse_tree_matches_render_refuses_writes_and_reloads() {
         let e = r.expect_err(what);
         assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{what}: {e}");
     };
-    erofs(fs::OpenOptions::new().write(true).open(&info).map(drop), "open for writing");
+    erofs(
+        fs::OpenOptions::new().write(true).open(&info).map(drop),
+        "open for writing",
+    );
     erofs(fs::write(mnt.join("proc/new"), "x"), "create");
     erofs(fs::create_dir(mnt.join("proc/d")), "mkdir");
     erofs(fs::remove_file(&info), "unlink");
     erofs(fs::rename(&info, mnt.join("proc/x")), "rename");
-    erofs(fs::set_permissions(&info, fs::Permissions::from_mode(0o777)), "chmod");
-    erofs(std::os::unix::fs::symlink("x", mnt.join("proc/l")), "symlink");
+    erofs(
+        fs::set_permissions(&info, fs::Permissions::from_mode(0o777)),
+        "chmod",
+    );
+    erofs(
+        std::os::unix::fs::symlink("x", mnt.join("proc/l")),
+        "symlink",
+    );
 
     // Another user reads (allow_other) but cannot read a write-only file.
     let as_nobody = |args: &[&str]| {
@@ -91,22 +116,42 @@ fn fuse_tree_matches_render_refuses_writes_and_reloads() {
             .unwrap()
     };
     let out = as_nobody(&["cat", info.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("Model: \t\t NVIDIA GB300\n"));
     let suspend = mnt.join("proc/driver/nvidia/suspend");
-    assert!(!as_nobody(&["cat", suspend.to_str().unwrap()]).status.success());
+    assert!(
+        !as_nobody(&["cat", suspend.to_str().unwrap()])
+            .status
+            .success()
+    );
 
     // A reload shows at once, cached pages included.
     let before = fs::read_to_string(&info).unwrap();
-    let p = Profile::from_yaml("base: gb300\ngpus: 2\nmodel: NVIDIA GB300 NVL\n", "reload.yaml").unwrap();
+    let p = Profile::from_yaml(
+        "base: gb300\ngpus: 2\nmodel: NVIDIA GB300 NVL\n",
+        "reload.yaml",
+    )
+    .unwrap();
     let host = common::fixed_host();
     let topo = NodeTopology::build(&p, "node-0", &host).unwrap();
     let changed = m.handle.replace(&driver_tree(&topo, &host));
     assert!(changed > 0);
     let after = fs::read_to_string(&info).unwrap();
     assert_ne!(before, after);
-    assert!(after.starts_with("Model: \t\t NVIDIA GB300 NVL\n"), "{after}");
-    assert_eq!(fs::read_dir(mnt.join("proc/driver/nvidia/gpus")).unwrap().count(), 2);
+    assert!(
+        after.starts_with("Model: \t\t NVIDIA GB300 NVL\n"),
+        "{after}"
+    );
+    assert_eq!(
+        fs::read_dir(mnt.join("proc/driver/nvidia/gpus"))
+            .unwrap()
+            .count(),
+        2
+    );
     let gone = mnt.join("proc/driver/nvidia/gpus/0018:06:00.0/information");
     assert_eq!(fs::metadata(gone).unwrap_err().kind(), ErrorKind::NotFound);
 

@@ -17,8 +17,12 @@ fn every_builtin_profile_matches_its_golden_file() {
             std::fs::write(&path, &got).unwrap();
             continue;
         }
-        let want = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create)", path.display()));
+        let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (run with UPDATE_GOLDEN=1 to create)",
+                path.display()
+            )
+        });
         if got != want {
             let line = got.lines().zip(want.lines()).position(|(a, b)| a != b);
             mismatched.push(format!("{name}: first difference at line {line:?}"));

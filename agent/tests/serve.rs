@@ -13,19 +13,30 @@ use std::time::{Duration, Instant};
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(start.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn http_get(port: u16, path: &str) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out
@@ -49,7 +60,14 @@ struct Agent {
 fn start(profile: &Path, mountpoint: &Path) -> Agent {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
-        .args(["serve", "--node-name", "node-0", "--reload-interval", "0.1", "--listen"])
+        .args([
+            "serve",
+            "--node-name",
+            "node-0",
+            "--reload-interval",
+            "0.1",
+            "--listen",
+        ])
         .arg(format!("127.0.0.1:{port}"))
         .arg("--profile-file")
         .arg(profile)
@@ -78,15 +96,23 @@ fn serve_lifecycle() {
     let mut agent = start(&cm.join("profile.yaml"), &mnt);
     wait_for("the tree", || gpu_count(&mnt) == 4);
     assert!(http_get(agent.port, "/healthz").starts_with("HTTP/1.1 200"));
-    wait_for("readiness", || http_get(agent.port, "/readyz").starts_with("HTTP/1.1 200"));
+    wait_for("readiness", || {
+        http_get(agent.port, "/readyz").starts_with("HTTP/1.1 200")
+    });
     let metrics = http_get(agent.port, "/metrics");
     assert!(metrics.contains("mockgpu_gpus 4"), "{metrics}");
-    assert_eq!(&fs::read(run.join("lib/libmockfs.so")).unwrap()[..4], b"\x7fELF");
+    assert_eq!(
+        &fs::read(run.join("lib/libmockfs.so")).unwrap()[..4],
+        b"\x7fELF"
+    );
     assert_eq!(
         fs::read_to_string(run.join("ld.so.preload")).unwrap(),
         "/run/mockgpu/lib/libmockfs.so\n"
     );
-    assert!(mockgpu_agent::mounts::is_mount_point(&run), "parent made a mount point");
+    assert!(
+        mockgpu_agent::mounts::is_mount_point(&run),
+        "parent made a mount point"
+    );
 
     // ConfigMap update: 4 -> 2 GPUs without a remount.
     configmap_write(&cm, 2, "base: gb300\ngpus: 2\n");

@@ -30,19 +30,32 @@ fn detect(root: &Path) -> Vec<Detected> {
         let mut minor = None;
         for line in info.lines() {
             if let Some(v) = line.strip_prefix("Model:") {
-                gres_type = Some(v.trim_start_matches([' ', '\t']).to_lowercase().replace(' ', "_"));
+                gres_type = Some(
+                    v.trim_start_matches([' ', '\t'])
+                        .to_lowercase()
+                        .replace(' ', "_"),
+                );
             } else if let Some(v) = line.strip_prefix("Device Minor:") {
                 minor = Some(v.trim().parse::<u32>().unwrap());
             }
         }
-        let cpulist = fs::read_to_string(root.join("sys/bus/pci/drivers/nvidia").join(&name).join("local_cpulist")).unwrap();
+        let cpulist = fs::read_to_string(
+            root.join("sys/bus/pci/drivers/nvidia")
+                .join(&name)
+                .join("local_cpulist"),
+        )
+        .unwrap();
         let last = cpulist.lines().last().unwrap_or("");
         let mut cpus = BTreeSet::new();
         for part in last.split(',').filter(|p| !p.is_empty()) {
             let (a, b) = part.split_once('-').unwrap_or((part, part));
             cpus.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap());
         }
-        found.push(Detected { gres_type: gres_type.unwrap(), minor: minor.unwrap(), cpus });
+        found.push(Detected {
+            gres_type: gres_type.unwrap(),
+            minor: minor.unwrap(),
+            cpus,
+        });
     }
     found.sort_by_key(|d| d.minor);
     found
@@ -74,7 +87,11 @@ fn slurm_detects_the_profiles_gpus() {
             assert_eq!(d.minor, i as u32, "{profile}");
             // Each GPU's CPUs are exactly one whole host socket: the first half of the GPUs on
             // socket 0, the second half on socket 1 (single-GPU boards on socket 0).
-            let want = if i < count.div_ceil(2) { &socket0 } else { &socket1 };
+            let want = if i < count.div_ceil(2) {
+                &socket0
+            } else {
+                &socket1
+            };
             assert_eq!(&d.cpus, want, "{profile} GPU {i}");
         }
     }

@@ -93,8 +93,18 @@ mod tests {
         let id: BusId = "0008:06:00.0".parse().unwrap();
         assert_eq!(id.to_string(), "0008:06:00.0");
         assert_eq!(id.sysfs_device_path(), "devices/pci0008:06/0008:06:00.0");
-        assert_eq!("0000:C5:00.0".parse::<BusId>().unwrap().to_string(), "0000:c5:00.0");
-        for bad in ["", "0:0:0.0", "0000:00:20.0", "0000:00:00.8", "0000:zz:00.0", "0000:00:00"] {
+        assert_eq!(
+            "0000:C5:00.0".parse::<BusId>().unwrap().to_string(),
+            "0000:c5:00.0"
+        );
+        for bad in [
+            "",
+            "0:0:0.0",
+            "0000:00:20.0",
+            "0000:00:00.8",
+            "0000:zz:00.0",
+            "0000:00:00",
+        ] {
             assert!(bad.parse::<BusId>().is_err(), "{bad}");
         }
     }

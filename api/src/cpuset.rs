@@ -132,7 +132,10 @@ mod tests {
     fn masks_match_the_kernel() {
         assert_eq!(CpuSet::from_ids([0, 1]).to_mask(2), "3");
         assert_eq!(CpuSet::from_ids(0..64).to_mask(64), "ffffffff,ffffffff");
-        assert_eq!(CpuSet::from_ids(0..72).to_mask(144), "0000,00000000,000000ff,ffffffff,ffffffff");
+        assert_eq!(
+            CpuSet::from_ids(0..72).to_mask(144),
+            "0000,00000000,000000ff,ffffffff,ffffffff"
+        );
         assert_eq!(CpuSet::from_ids(4..8).to_mask(8), "f0");
     }
 }

@@ -11,4 +11,6 @@ pub mod topology;
 pub use busid::{BusId, BusIdError};
 pub use cpuset::{CpuListError, CpuSet};
 pub use profile::{Arch, DriverVersion, Profile, ProfileError, ProfileSpec};
-pub use topology::{Gpu, HostNumaNode, HostPciDevice, HostSocket, HostTopology, NodeTopology, TopologyError};
+pub use topology::{
+    Gpu, HostNumaNode, HostPciDevice, HostSocket, HostTopology, NodeTopology, TopologyError,
+};

@@ -213,7 +213,11 @@ impl Profile {
             field: None,
             message: format!(
                 "no such built-in profile (known: {})",
-                BUILTIN.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                BUILTIN
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         })?;
         Profile::from_yaml(text, &format!("built-in {name}"))
@@ -462,26 +466,39 @@ mod tests {
         let e = error_of("base: gb300\ngpuz: 4\n");
         assert!(e.to_string().contains("unknown field `gpuz`"), "{e}");
         assert!(e.to_string().contains("bad.yaml"), "{e}");
-        assert_eq!(error_of("base: gb300\ngpus: 0\n").field.as_deref(), Some("gpus"));
-        assert_eq!(error_of("base: gb300\ngpus: 1000\n").field.as_deref(), Some("gpus"));
+        assert_eq!(
+            error_of("base: gb300\ngpus: 0\n").field.as_deref(),
+            Some("gpus")
+        );
+        assert_eq!(
+            error_of("base: gb300\ngpus: 1000\n").field.as_deref(),
+            Some("gpus")
+        );
         let e = error_of("base: gb300\ngpus: 4\nsockets: [3, 3]\n");
         assert_eq!(e.field.as_deref(), Some("sockets"), "{e}");
         let e = error_of("base: gb300\nmodel: \"NVIDIA\\nGB300\"\n");
         assert_eq!(e.field.as_deref(), Some("model"), "{e}");
         assert_eq!(error_of("base: nope\n").field.as_deref(), Some("base"));
         assert_eq!(
-            error_of("base: gb300\ndriver_version: banana\n").field.as_deref(),
+            error_of("base: gb300\ndriver_version: banana\n")
+                .field
+                .as_deref(),
             Some("driver_version")
         );
         assert_eq!(error_of("name: x\n").field.as_deref(), Some("model"));
         let e = error_of("base: gb300\n  gpus: [\n");
-        assert!(e.field.is_none() && e.to_string().contains("bad.yaml"), "{e}");
+        assert!(
+            e.field.is_none() && e.to_string().contains("bad.yaml"),
+            "{e}"
+        );
         assert_eq!(
             error_of("base: h100\nnuma_status: true\n").field.as_deref(),
             Some("numa_status")
         );
         assert_eq!(
-            error_of("base: h100\nbus_ids: [\"0000:53:00.0\", \"0000:53:00.0\"]\n").field.as_deref(),
+            error_of("base: h100\nbus_ids: [\"0000:53:00.0\", \"0000:53:00.0\"]\n")
+                .field
+                .as_deref(),
             Some("bus_ids")
         );
     }
@@ -491,7 +508,12 @@ mod tests {
         let v: DriverVersion = "580.173.02".parse().unwrap();
         assert!(v.at_least(580, 65));
         assert!(!v.at_least(590, 44));
-        assert!("595.91.07".parse::<DriverVersion>().unwrap().at_least(590, 44));
+        assert!(
+            "595.91.07"
+                .parse::<DriverVersion>()
+                .unwrap()
+                .at_least(590, 44)
+        );
         assert!("1.2".parse::<DriverVersion>().is_err());
     }
 }

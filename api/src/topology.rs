@@ -3,7 +3,6 @@
 //! [`NodeTopology::build`] is a pure, deterministic function of (profile, node name, host):
 //! the same inputs give the same UUIDs, bus ids, minors and CPU affinities on any machine.
 
-
 use crate::{BusId, CpuSet, Profile};
 
 /// One CPU socket (physical package) of the host.
@@ -159,7 +158,9 @@ impl NodeTopology {
             node_name: node_name.to_string(),
             profile: profile.clone(),
             gpus,
-            nr_cpu_ids: host.nr_cpu_ids.max(host.cpus.iter().last().unwrap_or(0) + 1),
+            nr_cpu_ids: host
+                .nr_cpu_ids
+                .max(host.cpus.iter().last().unwrap_or(0) + 1),
         })
     }
 }
@@ -232,18 +233,27 @@ fn gpu_uuid(profile: &Profile, node_name: &str, index: u32) -> String {
 mod tests {
     use super::*;
 
-    fn host(sockets: &[(u32, std::ops::Range<u32>)], numa: &[(u32, std::ops::Range<u32>)]) -> HostTopology {
+    fn host(
+        sockets: &[(u32, std::ops::Range<u32>)],
+        numa: &[(u32, std::ops::Range<u32>)],
+    ) -> HostTopology {
         let cpus = CpuSet::from_ids(sockets.iter().flat_map(|(_, r)| r.clone()));
         HostTopology {
             nr_cpu_ids: cpus.len() as u32,
             cpus,
             sockets: sockets
                 .iter()
-                .map(|(id, r)| HostSocket { id: *id, cpus: CpuSet::from_ids(r.clone()) })
+                .map(|(id, r)| HostSocket {
+                    id: *id,
+                    cpus: CpuSet::from_ids(r.clone()),
+                })
                 .collect(),
             numa_nodes: numa
                 .iter()
-                .map(|(id, r)| HostNumaNode { id: *id, cpus: CpuSet::from_ids(r.clone()) })
+                .map(|(id, r)| HostNumaNode {
+                    id: *id,
+                    cpus: CpuSet::from_ids(r.clone()),
+                })
                 .collect(),
             pci_devices: vec![],
         }
@@ -264,7 +274,10 @@ mod tests {
     fn two_socket_host_maps_profile_sockets_to_host_sockets() {
         let p = Profile::builtin("gb300").unwrap();
         // Two NUMA nodes per socket (SNC): a GPU still gets its whole socket.
-        let h = host(&[(0, 0..8), (1, 8..16)], &[(0, 0..4), (1, 4..8), (2, 8..12), (3, 12..16)]);
+        let h = host(
+            &[(0, 0..8), (1, 8..16)],
+            &[(0, 0..4), (1, 4..8), (2, 8..12), (3, 12..16)],
+        );
         let t = NodeTopology::build(&p, "node-a", &h).unwrap();
         let lists: Vec<_> = t.gpus.iter().map(|g| g.cpus.to_list()).collect();
         assert_eq!(lists, ["0-7", "0-7", "8-15", "8-15"]);

@@ -5,7 +5,9 @@ use std::fmt::Write as _;
 
 use mockgpu_agent::render::driver_tree;
 use mockgpu_agent::tree::{Kind, Tree};
-use mockgpu_api::{CpuSet, HostNumaNode, HostPciDevice, HostSocket, HostTopology, NodeTopology, Profile};
+use mockgpu_api::{
+    CpuSet, HostNumaNode, HostPciDevice, HostSocket, HostTopology, NodeTopology, Profile,
+};
 
 /// A fixed two-socket host (CPUs 0-3 and 4-7, one NUMA node each) with two real PCI devices,
 /// one of them at the T4's usual address.
@@ -19,8 +21,14 @@ pub fn fixed_host() -> HostTopology {
         nr_cpu_ids: 8,
         sockets: vec![socket(0, 0..4), socket(1, 4..8)],
         numa_nodes: vec![
-            HostNumaNode { id: 0, cpus: CpuSet::from_ids(0..4) },
-            HostNumaNode { id: 1, cpus: CpuSet::from_ids(4..8) },
+            HostNumaNode {
+                id: 0,
+                cpus: CpuSet::from_ids(0..4),
+            },
+            HostNumaNode {
+                id: 1,
+                cpus: CpuSet::from_ids(4..8),
+            },
         ],
         pci_devices: ["0000:00:00.0", "0000:00:1e.0"]
             .iter()
@@ -65,7 +73,14 @@ pub fn dump(tree: &Tree) -> String {
                         .filter(|(_, b)| **b != 0)
                         .map(|(i, b)| format!("{i:03x}:{b:02x}"))
                         .collect();
-                    writeln!(out, "b {:o} {path} ({} bytes) nonzero {}", entry.mode, c.len(), nonzero.join(" ")).unwrap();
+                    writeln!(
+                        out,
+                        "b {:o} {path} ({} bytes) nonzero {}",
+                        entry.mode,
+                        c.len(),
+                        nonzero.join(" ")
+                    )
+                    .unwrap();
                 }
             },
         }
