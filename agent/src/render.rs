@@ -14,8 +14,8 @@ pub const NVIDIA_MAJOR: u32 = 195;
 pub const UVM_MAJOR: u32 = 510;
 /// Major number the mock gives `nvidia-caps` (dynamic on a real host).
 pub const CAPS_MAJOR: u32 = 509;
-/// File under the mock root listing the GPUs' sysfs device directories, one absolute path a
-/// line, for the shim.
+/// File under the mock root listing the GPUs' sysfs directories (their root bus, or the device
+/// itself when the host has a real device on that bus), one absolute path a line, for the shim.
 pub const PREFIXES_FILE: &str = "prefixes";
 
 const PROC: &str = "proc/driver/nvidia";
@@ -91,7 +91,17 @@ pub fn driver_tree(topo: &NodeTopology, host: &HostTopology) -> Tree {
             &format!("{DRIVER}/{bdf}"),
             format!("../../../../{}", gpu.bus_id.sysfs_device_path()),
         );
-        writeln!(prefixes, "/{dev}").ok();
+        // The shim redirects the whole root bus when the host has no such bus (so that tools
+        // walking component by component find the parent too), else only the device.
+        let bus = format!("/sys/devices/{}", gpu.bus_id.root_complex());
+        let host_has_bus = host
+            .pci_devices
+            .iter()
+            .any(|d| d.sysfs_path.starts_with(&format!("{bus}/")));
+        let prefix = if host_has_bus { format!("/{dev}") } else { bus };
+        if !prefixes.lines().any(|l| l == prefix) {
+            writeln!(prefixes, "{prefix}").ok();
+        }
         t.chardev(
             &format!("dev/nvidia{}", gpu.minor),
             NVIDIA_MAJOR,

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every test of mockgpu, as CI runs them: formatting and lints; unit and integration tests (real
+# FUSE mounts, real programs under the shim, the NRI plugin against a mock runtime); then the node
+# test bed (the real containerd, runc and Slurm from Debian trixie).
+# Needs root (FUSE mounts, mount namespaces, containers); installs the Debian packages it needs.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ "$(id -u)" != 0 ]; then
+  echo "tests/run.sh: run as root (sudo): the tests mount FUSE and start containers" >&2
+  exit 1
+fi
+step() { echo; echo "=== $* ($(date +%T))"; }
+
+step "Debian packages the tests use"
+pkgs=(fuse3 pciutils hwloc python3 gcc binutils util-linux debootstrap protobuf-compiler)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+[ -c /dev/fuse ] || { echo "tests/run.sh: /dev/fuse is missing" >&2; exit 1; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+step "cargo test"
+cargo test --workspace
+step "node test bed"
+bash tests/testbed/run.sh
