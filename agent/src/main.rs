@@ -175,7 +175,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         if let Some(socket) = &args.nri_socket {
             config.socket = socket.clone();
         }
-        config.injection.host_dir = args.container_dir.clone();
+        // The plugin mounts the mount point's parent (lib/, ld.so.preload, fs/) into containers.
+        config.injection.host_dir = args
+            .mountpoint
+            .parent()
+            .unwrap_or(std::path::Path::new("/"))
+            .to_path_buf();
         config.injection.container_dir = args.container_dir.clone();
         Some(config)
     } else {

@@ -144,3 +144,40 @@ fn serve_lifecycle() {
     assert!(!mockgpu_agent::mounts::is_mount_point(&mnt));
     nix::mount::umount2(&run, nix::mount::MntFlags::MNT_DETACH).unwrap();
 }
+
+#[test]
+fn real_driver_means_report_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    let out = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+        .args(["render", "--profile", "h100", "--out"])
+        .arg(&real)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let port = free_port();
+    let mnt = dir.path().join("run/fs");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+        .args(["serve", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--procfs")
+        .arg(real.join("proc"))
+        .arg("--sysfs")
+        .arg(real.join("sys"))
+        .arg("--mountpoint")
+        .arg(&mnt)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the report", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+            && http_get(port, "/metrics").contains("mockgpu_real_gpus 8")
+    });
+    assert!(http_get(port, "/readyz").starts_with("HTTP/1.1 200"));
+    assert!(
+        !mnt.exists(),
+        "nothing is mounted or installed on a real GPU node"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
