@@ -181,56 +181,61 @@ impl Probe for AgentState {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map_or(0, TreeHandle::reads);
-        let gauges = [
-            ("mockgpu_gpus", "Mock GPUs served", self.gpu_count() as u64),
+        let relaxed = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let metrics = [
+            (
+                "mockgpu_gpus",
+                "gauge",
+                "Mock GPUs served",
+                self.gpu_count() as u64,
+            ),
             (
                 "mockgpu_real_gpus",
+                "gauge",
                 "Real GPUs found (report-only mode)",
-                self.real_gpus.load(Ordering::Relaxed),
+                relaxed(&self.real_gpus),
             ),
             (
                 "mockgpu_mounted",
+                "gauge",
                 "Whether the FUSE tree is mounted",
                 u64::from(self.mounted.load(Ordering::Relaxed)),
             ),
             (
                 "mockgpu_pinned_containers",
+                "gauge",
                 "Containers holding GPUs",
-                self.pinned.load(Ordering::Relaxed),
+                relaxed(&self.pinned),
             ),
             (
                 "mockgpu_mount_duration_milliseconds",
+                "gauge",
                 "Time from start to mounted",
-                self.mount_ms.load(Ordering::Relaxed),
+                relaxed(&self.mount_ms),
             ),
-        ];
-        for (name, help, value) in gauges {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-            );
-        }
-        let counters = [
             (
                 "mockgpu_profile_reloads_total",
+                "counter",
                 "Profile changes applied",
-                self.reloads.load(Ordering::Relaxed),
+                relaxed(&self.reloads),
             ),
             (
                 "mockgpu_profile_reload_errors_total",
+                "counter",
                 "Profile changes rejected",
-                self.reload_errors.load(Ordering::Relaxed),
+                relaxed(&self.reload_errors),
             ),
             (
                 "mockgpu_fuse_reads_total",
+                "counter",
                 "Reads that reached the agent (kernel cache misses)",
                 reads,
             ),
         ];
-        for (name, help, value) in counters {
+        for (name, kind, help, value) in metrics {
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
     }
