@@ -1,0 +1,33 @@
+#!/bin/bash
+# run.sh - CI entry point of the node test bed: host tools, cargo build, then `testbed.sh all`
+# (rootfs from nothing or reused, all scenarios, teardown). Exits non-zero when any step fails.
+# Needs root, /dev/fuse, unshare/pivot_root. Env: as testbed.sh; CARGO_TARGET_DIR (target);
+# TESTBED_PROFILE (release: the latency numbers are the real ones; `dev` reuses a `cargo test` build).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+T0=$(date +%s)
+
+# host tools (Debian packages): rootfs bootstrap, FUSE, protoc for the CRI bindings
+need=()
+for p in debootstrap fuse3 protobuf-compiler util-linux mount; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "run.sh: apt-get install ${need[*]}"
+  apt-get update -q > /dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" > /dev/null
+fi
+
+TARGET=${CARGO_TARGET_DIR:-$REPO/target}
+PROFILE=${TESTBED_PROFILE:-release}
+OUT=$TARGET/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")
+echo "run.sh: cargo build --profile $PROFILE (agent with its shim, test bed) into $OUT"
+tb=$(date +%s)
+(cd "$REPO" && cargo build --profile "$PROFILE" -p mockgpu-agent -p mockgpu-testbed)
+echo "TIMING cargo-build: $(( $(date +%s) - tb )) s"
+
+export CRI_BIN=${CRI_BIN:-$OUT/mgtb-cri}
+export AGENT_BIN=${AGENT_BIN:-$OUT/mockgpu-agent}
+echo "run.sh: host tools and builds took $(( $(date +%s) - T0 )) s; running the test bed"
+exec bash "$HERE/testbed.sh" all

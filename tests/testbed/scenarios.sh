@@ -1,0 +1,370 @@
+# scenarios.sh - the test bed's steps, sourced by testbed.sh (which defines R, ST, LOGS, cri, innode,
+# fail, log, timing, track, stop_kinds, wait_for ...). Each step runs in a subshell under `set -e`;
+# state that later steps need is kept in files under $ST.
+# shellcheck shell=bash
+
+GPU_PROFILE=gb300
+SLURMD_POD=slurm-0
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+ctr_up() {  # ctr_up <key> <mgtb-cri up args...>: start a container; its POD/CTR/PID/... go to $ST/<key>.env
+  local out; out=$(cri up "${@:2}") || fail "mgtb-cri up ${*:2}"
+  echo "$out" > "$ST/$1.env"
+  sed "s/^/  $1: /" <<< "$out"
+}
+ctr() { sed -n "s/^$2=//p" "$ST/$1.env"; }   # ctr <key> <VAR>
+cexec() { cri exec "$(ctr "$1" CTR)" -- "${@:2}"; }   # cexec <key> <cmd...>
+
+environ_of() { tr '\0' '\n' < "/proc/$1/environ"; }
+has_mount()  { awk -v m="$2" '$5 == m {f=1} END {exit !f}' "/proc/$1/mountinfo"; }
+
+assert_injected() {  # assert_injected <key> [GPU minors]: the plugin's adjustment is in the container
+  local pid minors=${2:-0 1 2 3} m; pid=$(ctr "$1" PID)
+  grep -qE '^LD_PRELOAD=(.*:)?/run/mockgpu/lib/libmockfs\.so(:.*)?$' <<< "$(environ_of "$pid")" \
+    || fail "$1: no LD_PRELOAD=/run/mockgpu/lib/libmockfs.so in /proc/$pid/environ"
+  has_mount "$pid" /run/mockgpu || fail "$1: /run/mockgpu is not mounted"
+  grep -E ' /run/mockgpu .* master:' "/proc/$pid/mountinfo" > /dev/null || fail "$1: /run/mockgpu is not rslave"
+  has_mount "$pid" /etc/ld.so.preload || fail "$1: /etc/ld.so.preload is not mounted"
+  local d; for d in $(for m in $minors; do echo "nvidia$m"; done) nvidiactl nvidia-uvm; do
+    cexec "$1" test -c "/dev/$d" || fail "$1: /dev/$d is not a character device"
+  done
+  for m in 0 1 2 3; do
+    [[ " $minors " == *" $m "* ]] && continue
+    ! cexec "$1" test -e "/dev/nvidia$m" || fail "$1: /dev/nvidia$m was injected, but the container holds GPUs $minors only"
+  done
+}
+
+assert_untouched() {  # assert_untouched <key>: no mount, no LD_PRELOAD, no devices
+  local pid; pid=$(ctr "$1" PID)
+  local env; env=$(environ_of "$pid")
+  ! grep -q '^LD_PRELOAD=' <<< "$env" || fail "$1: LD_PRELOAD was injected"
+  ! grep -q '^MOCKFS' <<< "$env" || fail "$1: MOCKFS_* was injected"
+  ! grep -qE ' /run/mockgpu | /etc/ld.so.preload ' "/proc/$pid/mountinfo" || fail "$1: a mockgpu mount was injected"
+  [ -z "$(cexec "$1" ls /dev | grep '^nvidia' || true)" ] || fail "$1: /dev/nvidia* was injected"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Slurm: slurmctld + munged in the node (loopback-only network), slurmd in a container
+
+slurm_write_conf() {  # slurm_write_conf fake|nvidia
+  local h hw; h=$(hostname)
+  # the host's real CPU layout (as slurmd -C sees it), so the node is not invalidated
+  hw=$(innode slurmd -C | sed -n 1p | grep -oE '(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=[0-9]+' | tr '\n' ' ')
+  cat > "$R/etc/slurm/slurm.conf" <<EOF
+ClusterName=mgtb
+SlurmctldHost=$h(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldParameters=enable_configless
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SelectType=select/cons_tres
+SchedulerType=sched/backfill
+ReturnToService=2
+GresTypes=gpu
+NodeName=$NODE NodeHostname=$h NodeAddr=127.0.0.1 ${hw}RealMemory=1000 Gres=gpu:nvidia_gb300:4 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+  case $1 in
+    # hand-made: the device files come from the CRI request, the type from gres.conf
+    fake) printf 'AutoDetect=off\nName=gpu Type=nvidia_gb300 File=/dev/nvidia[0-3]\n' > "$R/etc/slurm/gres.conf" ;;
+    nvidia) printf 'AutoDetect=nvidia\n' > "$R/etc/slurm/gres.conf" ;;
+  esac
+}
+
+slurm_ctl_up() {
+  slurm_ctl_down
+  innode sh -c 'rm -rf /var/lib/slurm/slurmctld /var/log/slurm /run/munge
+    mkdir -p /var/lib/slurm/slurmctld /var/log/slurm /run/munge && chown munge:munge /run/munge'
+  : > "$LOGS/munged.log"; : > "$LOGS/slurmctld.out"
+  spawn munged "$LOGS/munged.log" setpriv --reuid=munge --regid=munge --clear-groups munged -F
+  wait_for 10 munged test -S "$R/run/munge/munge.socket.2"
+  spawn slurmctld "$LOGS/slurmctld.out" slurmctld -D -f /etc/slurm/slurm.conf
+  wait_for 20 slurmctld innode scontrol ping
+}
+
+slurm_ctl_down() { stop_kinds TERM slurmctld munged; }
+
+slurmd_up() {  # slurmd_up <key> <extra mgtb-cri up args...>: a Slinky-shaped slurmd container
+  # (configless as in Slinky: slurm.conf and gres.conf come from slurmctld, not from a mount)
+  cri down "$SLURMD_POD" > /dev/null
+  ctr_up "$1" --pod "$SLURMD_POD" --name slurmd --image localhost/slurmd:1 --privileged \
+    --pod-label app.kubernetes.io/name=slurmd --pod-label app.kubernetes.io/component=worker \
+    --pod-annotation kubectl.kubernetes.io/default-container=slurmd \
+    --mount /run/munge:/run/munge \
+    "${@:2}" -- /bin/sh -c "mkdir -p /var/spool/slurmd && exec slurmd -D -N $NODE --conf-server 127.0.0.1:6817"
+}
+
+sinfo_node() { innode sinfo -h -N -o '%N %T %G'; }
+node_idle() { grep -qE "^$NODE idle " <<< "$(sinfo_node)"; }
+srun_() { innode timeout 60 srun -D / -N1 "$@"; }
+
+slurm_logs() {  # print what helps when a Slurm step fails
+  echo "--- sinfo:"; sinfo_node || true
+  echo "--- slurmd (container log):"; tail -20 "$R/var/log/pods/default_$SLURMD_POD/slurmd/"*.log 2>/dev/null || true
+  echo "--- slurmctld:"; tail -20 "$R/var/log/slurm/slurmctld.log" 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------------------------------------
+# smoke: the infrastructure without mockgpu
+
+smoke_pod() {
+  ctr_up smoke --pod smoke --name main --label app=smoke -- /bin/sleep 3600
+  local pid; pid=$(ctr smoke PID)
+  [ "$(cexec smoke echo hello)" = hello ] || fail "exec"
+  local rc=0; cexec smoke sh -c 'exit 7' || rc=$?
+  [ $rc = 7 ] || fail "exec exit code: $rc, want 7"
+  grep -q "$CGROUP_PARENT/" "/proc/$pid/cgroup" || fail "container not below $CGROUP_PARENT: $(head -3 "/proc/$pid/cgroup")"
+  [ "$(readlink "/proc/$pid/ns/net")" = "$(readlink "/proc/$(nodepid)/ns/net")" ] || fail "pod is not in the node's network namespace"
+  timing smoke-container-create "$(ctr smoke CREATE_MS) ms (start $(ctr smoke START_MS) ms)"
+  cri down smoke
+  ! alive "$pid" || fail "container process $pid survived its pod"
+}
+
+smoke_slurm() {
+  slurm_write_conf fake
+  slurm_ctl_up
+  local t; t=$(date +%s%N)
+  slurmd_up slurm-fake --device /dev/null:/dev/nvidia0 --device /dev/null:/dev/nvidia1 \
+    --device /dev/null:/dev/nvidia2 --device /dev/null:/dev/nvidia3
+  wait_for 30 "slurmd to register idle" node_idle || { slurm_logs; exit 1; }
+  timing smoke-slurmd-idle "$(ms "$t") ms"
+  local s; s=$(sinfo_node); echo "  sinfo: $s"
+  [[ $s == *gpu:nvidia_gb300:4* ]] || { slurm_logs; fail "sinfo shows no gpu:nvidia_gb300:4"; }
+  s=$(srun_ --gres=gpu:2 env | grep '^CUDA_VISIBLE_DEVICES=') || { slurm_logs; fail "srun --gres=gpu:2"; }
+  echo "  srun --gres=gpu:2: $s"
+  [ "$s" = CUDA_VISIBLE_DEVICES=0,1 ] || fail "want CUDA_VISIBLE_DEVICES=0,1"
+  if srun_ --gres=gpu:5 true > "$LOGS/srun-gpu5.log" 2>&1; then fail "srun --gres=gpu:5 was not refused"; fi
+  echo "  srun --gres=gpu:5 refused: $(head -1 "$LOGS/srun-gpu5.log")"
+  cri down "$SLURMD_POD" > /dev/null
+  slurm_ctl_down
+}
+
+isolation() {  # the node reaches nothing but loopback, and no image was ever pulled
+  local links; links=$(innode busybox ip -o link show | awk -F': ' '{print $2}' | tr '\n' ' ')
+  [ "$links" = "lo " ] || fail "the node's network namespace has more than lo: $links"
+  ! grep -qiE 'PullImage|pulling image' "$LOGS/containerd.log" || fail "containerd pulled an image: $(grep -iE 'PullImage|pulling image' "$LOGS/containerd.log" | head -1)"
+  echo "  node network: lo only; no image pulled"
+}
+
+# ---------------------------------------------------------------------------------------------
+# mockgpu
+
+profile_yaml() {  # profile_yaml <gpus>: the agent's --profile-file (a built-in base + overrides)
+  printf '# test bed profile\nbase: %s\ngpus: %s\n' "$GPU_PROFILE" "$1"
+}
+
+write_profile() {  # write_profile <gpus>: atomically, so the agent never reads half a file
+  profile_yaml "$1" > "$R/etc/mockgpu/profile.yaml.tmp"
+  mv -f "$R/etc/mockgpu/profile.yaml.tmp" "$R/etc/mockgpu/profile.yaml"
+}
+
+fuse_mounted() { grep -qE ' /run/mockgpu/fs [^ ]+ .* - fuse' "/proc/$(nodepid)/mountinfo"; }
+nri_lines() { wc -l < "$LOGS/containerd.log"; }
+nri_registered_since() { tail -n +"$(( $1 + 1 ))" "$LOGS/containerd.log" | grep -c 'registered as' > /dev/null; }
+
+start_agent() {
+  # shellcheck disable=SC2086 # AGENT_ARGS: extra flags, split on spaces
+  spawn agent "$LOGS/agent.log" RUST_LOG=info /opt/mockgpu/mockgpu-agent serve \
+    --profile-file /etc/mockgpu/profile.yaml --node-name "$NODE" \
+    --mountpoint /run/mockgpu/fs --nri-socket /run/nri/nri.sock $AGENT_ARGS
+  echo "$SPAWNED" > "$ST/agent.pid"
+}
+
+agent_ready() {  # agent_ready <containerd log line count before start>
+  fuse_mounted && [ -s "$R/run/mockgpu/lib/libmockfs.so" ] && [ -s "$R/run/mockgpu/ld.so.preload" ] \
+    && nri_registered_since "$1"
+}
+
+agent_up() {
+  [ -x "$AGENT_BIN" ] || fail "no agent binary at $AGENT_BIN (cargo build --release -p mockgpu-agent)"
+  "$AGENT_BIN" serve --help > "$LOGS/agent-serve-help.txt" 2>&1 || fail "mockgpu-agent has no 'serve' command yet"
+  mkdir -p "$R/opt/mockgpu"
+  cp -f "$AGENT_BIN" "$R/opt/mockgpu/mockgpu-agent.new"; mv -f "$R/opt/mockgpu/mockgpu-agent.new" "$R/opt/mockgpu/mockgpu-agent"
+  write_profile 4
+  local n0 t; n0=$(nri_lines); t=$(date +%s%N)
+  start_agent
+  wait_for 30 "agent ready (FUSE at /run/mockgpu/fs, shim, ld.so.preload, NRI registered)" agent_ready "$n0" \
+    || { tail -20 "$LOGS/agent.log"; exit 1; }
+  timing agent-ready "$(ms "$t") ms"
+  ls "$R/run/mockgpu" > /dev/null
+}
+
+run_scenarios() {
+  step seed-verification scenario_seed
+  step only-gpu-containers scenario_only_gpu
+  step consumers-lspci-hwloc scenario_consumers
+  step live-change scenario_live_change
+  step agent-restart scenario_agent_restart
+  step runtime-restart scenario_runtime_restart
+}
+
+scenario_seed() {
+  slurm_write_conf nvidia
+  slurm_ctl_up
+  local t; t=$(date +%s%N)
+  slurmd_up slurmd --env NVIDIA_VISIBLE_DEVICES=all --env SLURMD_NODENAME="$NODE"
+  timing container-create-with-injection "$(ctr slurmd CREATE_MS) ms (start $(ctr slurmd START_MS) ms)"
+  assert_injected slurmd
+  wait_for 30 "slurmd to register idle" node_idle || { slurm_logs; exit 1; }
+  timing slurmd-idle-with-mock-gpus "$(ms "$t") ms"
+  local s; s=$(sinfo_node); echo "  sinfo -N -o '%N %T %G': $s"
+  [[ $s == *"gpu:nvidia_gb300:4(S:0)"* ]] || { slurm_logs; fail "sinfo does not show gpu:nvidia_gb300:4(S:0)"; }
+  s=$(srun_ --gres=gpu:2 env | grep '^CUDA_VISIBLE_DEVICES=') || { slurm_logs; fail "srun --gres=gpu:2"; }
+  echo "  srun --gres=gpu:2 env: $s"
+  [ "$s" = CUDA_VISIBLE_DEVICES=0,1 ] || fail "want CUDA_VISIBLE_DEVICES=0,1"
+  if srun_ --gres=gpu:5 true > "$LOGS/srun-gpu5.log" 2>&1; then fail "srun --gres=gpu:5 was not refused"; fi
+  echo "  srun --gres=gpu:5 refused: $(head -1 "$LOGS/srun-gpu5.log")"
+  # the job's environment is the caller's (no LD_PRELOAD): only /etc/ld.so.preload can reach it
+  s=$(srun_ /bin/sh -c 'echo "LD_PRELOAD=${LD_PRELOAD:-}"; ls /proc/driver/nvidia/gpus') || fail "srun ls"
+  echo "$s" | sed 's/^/  job: /'
+  grep -qx 'LD_PRELOAD=' <<< "$s" || fail "the job inherited LD_PRELOAD; the ld.so.preload route is untested"
+  [ "$(echo "$s" | grep -cE '^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$')" = 4 ] || fail "the job does not see 4 GPUs"
+}
+
+scenario_only_gpu() {
+  [ -s "$ST/slurmd.env" ] || fail "needs the slurmd container of seed-verification"
+  ctr_up sidecar --pod "$SLURMD_POD" --name logfile -- /bin/sleep 3600      # same pod, no GPUs
+  ctr_up other --pod other-0 --name main -- /bin/sleep 3600                  # another pod
+  ctr_up other-gpu --pod other-0 --name gpu --env NVIDIA_VISIBLE_DEVICES=none -- /bin/sleep 3600
+  assert_untouched sidecar
+  assert_untouched other
+  assert_untouched other-gpu
+  # the opt-in annotation does inject a container without devices or env
+  ctr_up annotated --pod annotated-0 --name worker --pod-annotation mockgpu.io/inject=worker -- /bin/sleep 3600
+  assert_injected annotated
+  # and a device-plugin-style container holding /dev/nvidia1 gets GPU 1 only
+  ctr_up gpu1 --pod device-0 --name main --device /dev/null:/dev/nvidia1 -- /bin/sleep 3600
+  assert_injected gpu1 1
+  cri down other-0 annotated-0 device-0 > /dev/null
+  cri rm "$(ctr sidecar CTR)"
+}
+
+scenario_consumers() {
+  [ -s "$ST/slurmd.env" ] || fail "needs the slurmd container of seed-verification"
+  local l h b; l=$(cexec slurmd lspci -d 10de:) || fail "lspci -d 10de: failed"
+  echo "$l" | sed 's/^/  lspci: /'
+  [ "$(echo "$l" | grep -c .)" = 4 ] || fail "lspci -d 10de: lists $(echo "$l" | grep -c .) devices, want 4"
+  h=$(cexec slurmd hwloc-ls) || fail "hwloc-ls failed"
+  echo "$h" > "$LOGS/hwloc-ls.txt"
+  for b in $(echo "$l" | awk '{print $1}'); do
+    grep -q "PCI ${b}" "$LOGS/hwloc-ls.txt" || grep -q "${b}" "$LOGS/hwloc-ls.txt" || fail "hwloc-ls does not list GPU $b (see $LOGS/hwloc-ls.txt)"
+  done
+  echo "  hwloc-ls: $(grep -c 'PCI' "$LOGS/hwloc-ls.txt") PCI lines, all 4 GPUs present"
+}
+
+gpu_count_in() { cexec "$1" sh -c 'ls /proc/driver/nvidia/gpus | wc -l'; }
+
+scenario_live_change() {
+  [ -s "$ST/slurmd.env" ] || fail "needs the slurmd container of seed-verification"
+  local pid0 t; pid0=$(ctr slurmd PID)
+  [ "$(gpu_count_in slurmd)" = 4 ] || fail "want 4 GPUs before the change"
+  t=$(date +%s%N); write_profile 2
+  for _ in $(seq 300); do [ "$(gpu_count_in slurmd)" = 2 ] && break; sleep 0.1; done
+  [ "$(gpu_count_in slurmd)" = 2 ] || fail "the container still sees $(gpu_count_in slurmd) GPUs 30 s after the change"
+  timing live-change-4-to-2 "$(ms "$t") ms"
+  [ "$(cexec slurmd lspci -d 10de: | grep -c .)" = 2 ] || fail "lspci does not follow the change"
+  alive "$pid0" || fail "the container was restarted"
+  t=$(date +%s%N); write_profile 4
+  for _ in $(seq 300); do [ "$(gpu_count_in slurmd)" = 4 ] && break; sleep 0.1; done
+  [ "$(gpu_count_in slurmd)" = 4 ] || fail "the container does not see 4 GPUs again"
+  timing live-change-2-to-4 "$(ms "$t") ms"
+}
+
+scenario_agent_restart() {
+  [ -s "$ST/slurmd.env" ] || fail "needs the slurmd container of seed-verification"
+  local pid0 t_kill t_start n0 ok_after; pid0=$(ctr slurmd PID)
+  # a reader inside the container, 50 reads/s, each line "<ms since epoch> ok|fail"
+  cexec slurmd sh -c 'rm -f /tmp/reader.log; (while :; do
+      if cat /proc/driver/nvidia/gpus/*/information > /dev/null 2>&1; then r=ok; else r=fail; fi
+      echo "$(date +%s%3N) $r"; sleep 0.02; done > /tmp/reader.log 2>&1 < /dev/null & echo $! > /tmp/reader.pid)'
+  sleep 1
+  cexec slurmd grep -q ' ok$' /tmp/reader.log || fail "the reader cannot read the driver files before the restart"
+  ! cexec slurmd grep -q ' fail$' /tmp/reader.log || fail "the reader failed before the restart"
+  t_kill=$(date +%s%3N)
+  kill -9 "$(cat "$ST/agent.pid")"
+  sleep "$AGENT_RESTART_PAUSE"
+  n0=$(nri_lines); t_start=$(date +%s%N)
+  start_agent
+  wait_for 30 "the restarted agent to be ready" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
+  timing agent-restart-to-ready "$(ms "$t_start") ms"
+  for _ in $(seq 100); do
+    ok_after=$(cexec slurmd awk -v t="$t_kill" '$1 > t && $2 == "fail" {f=$1} f && $1 > f && $2 == "ok" {n++} END {print n+0}' /tmp/reader.log)
+    [ "$ok_after" -ge 10 ] && break; sleep 0.1
+  done
+  cexec slurmd sh -c 'kill $(cat /tmp/reader.pid)'
+  cri exec "$(ctr slurmd CTR)" -- cat /tmp/reader.log > "$LOGS/reader.log"
+  alive "$pid0" || fail "the slurmd container was restarted"
+  awk -v t="$t_kill" '
+    $1 <= t && $2 == "ok" {last_ok = $1}
+    $1 > t && $2 == "fail" {if (!first_fail) first_fail = $1; last_fail = $1; fails++}
+    last_fail && $1 > last_fail && $2 == "ok" && !rec {rec = $1}
+    END {
+      if (!fails) {print "  no failed read (kernel cache or a fast restart); window 0 ms"; exit 0}
+      if (!rec) {print "  reads never recovered"; exit 1}
+      printf "  %d failed reads, from +%d ms to +%d ms after SIGKILL; first good read +%d ms\n", fails, first_fail - t, last_fail - t, rec - t
+      printf "WINDOW %d\n", rec - last_ok
+    }' "$LOGS/reader.log" > "$ST/window.txt" || { cat "$ST/window.txt"; fail "reads inside the container did not recover"; }
+  grep -v '^WINDOW' "$ST/window.txt" || true
+  timing agent-restart-failed-read-window "$(sed -n 's/^WINDOW //p' "$ST/window.txt" | grep . || echo 0) ms (SIGKILL, ${AGENT_RESTART_PAUSE} s pause, restart)"
+  local s; s=$(srun_ ls /proc/driver/nvidia/gpus | grep -c .) || fail "srun after the agent restart"
+  [ "$s" = 4 ] || fail "a job after the agent restart sees $s GPUs"
+}
+
+scenario_runtime_restart() {
+  local n0 t pid; n0=$(nri_lines); t=$(date +%s%N)
+  stop_kinds TERM containerd
+  start_containerd
+  wait_for 30 "the plugin to re-register with the restarted containerd" nri_registered_since "$n0" \
+    || { tail -20 "$LOGS/agent.log"; exit 1; }
+  timing runtime-restart-to-plugin-registered "$(ms "$t") ms"
+  ctr_up after-restart --pod after-restart-0 --name gpu --env NVIDIA_VISIBLE_DEVICES=all -- /bin/sleep 3600
+  assert_injected after-restart
+  if [ -s "$ST/slurmd.env" ]; then
+    [ "$(gpu_count_in slurmd)" = 4 ] || fail "the slurmd container lost its GPUs over the runtime restart"
+  fi
+  cri down after-restart-0 > /dev/null
+}
+
+latency_round() {  # latency_round <file> <mgtb-cri create-latency args...>: append raw samples to file
+  cri create-latency -n "$LAT_N" --raw "${@:2}" | sed -n 's/^sample_ms //p' >> "$1"
+}
+
+summarize_ms() {  # summarize_ms <file>: n, median and p90 (nearest rank) of one value per line
+  sort -g "$1" | awk '{v[NR] = $1} END {
+    if (!NR) {print "no samples"; exit 1}
+    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+    r = int((90 * NR + 99) / 100); if (r < 1) r = 1
+    printf "n=%d median_ms=%.2f p90_ms=%.2f min_ms=%.2f max_ms=%.2f\n", NR, m, v[r], v[1], v[NR]}'
+}
+
+scenario_latency() {
+  # CRI CreateContainer round trip with the plugin connected and without it, in alternating rounds
+  # (on, off, on, off) so that load from elsewhere on the machine hits both sides alike
+  alive "$(cat "$ST/agent.pid" 2>/dev/null || echo 0)" || fail "the agent is not running"
+  local L=$ST/latency k n0; rm -f "$L".*
+  for _ in 1 2; do
+    latency_round "$L.gpu-on" --pod lat-gpu --env NVIDIA_VISIBLE_DEVICES=all
+    latency_round "$L.plain-on" --pod lat-plain
+    stop_kinds TERM agent
+    sleep 0.5
+    latency_round "$L.gpu-off" --pod lat-gpu --env NVIDIA_VISIBLE_DEVICES=all
+    latency_round "$L.plain-off" --pod lat-plain
+    n0=$(nri_lines); start_agent
+    wait_for 30 "the agent to be ready again" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
+  done
+  for k in gpu-on gpu-off plain-on plain-off; do
+    timing "create-latency $(printf '%-9s' "$k")" "$(summarize_ms "$L.$k")"
+  done
+}
