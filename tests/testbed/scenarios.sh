@@ -203,6 +203,7 @@ agent_up() {
 
 run_scenarios() {
   step seed-verification scenario_seed
+  step exec-slurmd scenario_exec_slurmd
   step only-gpu-containers scenario_only_gpu
   step consumers-lspci-hwloc scenario_consumers
   step live-change scenario_live_change
@@ -231,6 +232,23 @@ scenario_seed() {
   echo "$s" | sed 's/^/  job: /'
   grep -qx 'LD_PRELOAD=' <<< "$s" || fail "the job inherited LD_PRELOAD; the ld.so.preload route is untested"
   [ "$(echo "$s" | grep -cE '^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$')" = 4 ] || fail "the job does not see 4 GPUs"
+}
+
+scenario_exec_slurmd() {  # issue 3: `mockgpu-agent exec` runs slurmd on the node itself, under the shim
+  [ -S "$R/run/munge/munge.socket.2" ] || fail "needs munged of seed-verification"
+  local agent=/opt/mockgpu/mockgpu-agent c g i
+  c=$(innode "$agent" exec --node-name "$NODE" -- slurmd -C) || fail "exec -- slurmd -C"
+  echo "$c" | sed -n 1p | sed 's/^/  slurmd -C: /'
+  grep -q ' Gres=gpu:nvidia_gb300:4' <<< "$c" || fail "slurmd -C does not print Gres=gpu:nvidia_gb300:4"
+  # slurmd -G with the node's gres.conf (AutoDetect=nvidia): four GPUs, device files, whole-socket cores
+  grep -qx 'AutoDetect=nvidia' "$R/etc/slurm/gres.conf" || fail "gres.conf is not AutoDetect=nvidia"
+  g=$(innode "$agent" exec --node-name "$NODE" -- slurmd -G -N "$NODE" 2>&1 | grep 'Gres Name=gpu') || fail "exec -- slurmd -G lists no GPU"
+  echo "$g" | sed 's/^.*Gres /  slurmd -G: /'
+  [ "$(grep -c . <<< "$g")" = 4 ] || fail "slurmd -G lists $(grep -c . <<< "$g") GPUs, want 4"
+  local cores; cores="0-$(( $(innode nproc) - 1 ))"
+  for i in 0 1 2 3; do
+    grep -q "Type=nvidia_gb300 .* File=/dev/nvidia$i Cores=$cores " <<< "$g" || fail "slurmd -G: no nvidia_gb300 with File=/dev/nvidia$i Cores=$cores"
+  done
 }
 
 scenario_only_gpu() {
