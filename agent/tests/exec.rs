@@ -97,37 +97,88 @@ print(len(gpus), len(errors))
     );
 }
 
+/// The same command without the mock, for comparison.
+fn plain(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const GB300: [&str; 4] = [
+    "0008:06:00.0",
+    "0009:06:00.0",
+    "0018:06:00.0",
+    "0019:06:00.0",
+];
+
 #[test]
 fn lspci_lists_the_mock_gpus_beside_the_real_devices() {
     let out = ok(&[], &["lspci", "-d", "10de:", "-n"]);
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 4, "{out}");
-    assert!(
-        lines[0].starts_with("0008:06:00.0 0302: 10de:31c2 (rev a1)"),
-        "{out}"
-    );
+    let want: String = GB300
+        .iter()
+        .map(|g| format!("{g} 0302: 10de:31c2 (rev a1)\n"))
+        .collect();
+    assert_eq!(out, want);
     let all = ok(&[], &["lspci", "-n"]);
-    assert!(all.lines().count() > 4, "real devices missing: {all}");
+    for line in plain("lspci", &["-n"]).lines() {
+        assert!(
+            all.contains(line),
+            "host device {line} missing from:\n{all}"
+        );
+    }
+    let kernel = ok(&[], &["lspci", "-k", "-d", "10de:"]);
+    assert_eq!(
+        kernel.matches("Kernel driver in use: nvidia").count(),
+        4,
+        "{kernel}"
+    );
     let verbose = ok(&[], &["lspci", "-vv", "-s", "0008:06:00.0"]);
     assert!(
-        verbose.contains("Kernel driver in use: nvidia"),
+        verbose.contains("Subsystem: NVIDIA Corporation Device 21f1"),
         "{verbose}"
     );
 }
 
 #[test]
-fn hwloc_places_the_gpus_under_the_hosts_package() {
-    let out = ok(
-        &["--profile", "h100"],
-        &["lstopo-no-graphics", "--of", "console", "--whole-io"],
-    );
-    assert_eq!(
-        out.lines()
-            .filter(|l| l.trim_end().ends_with("(3D)"))
-            .count(),
-        8,
-        "{out}"
-    );
+fn hwloc_places_each_gpu_at_its_local_cpus() {
+    let topo = ok(&[], &["lstopo-no-graphics"]);
+    for gpu in GB300 {
+        assert!(
+            topo.contains(&format!("PCI {gpu} (3D)")),
+            "{gpu} missing from:\n{topo}"
+        );
+    }
+    // The host's own devices stay (hwloc prints the domain once several domains exist).
+    for dev in plain("lstopo-no-graphics", &[])
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("PCI "))
+    {
+        let bdf = dev.split(' ').next().unwrap();
+        let full = if bdf.matches(':').count() == 1 {
+            format!("0000:{bdf}")
+        } else {
+            bdf.to_string()
+        };
+        assert!(
+            topo.contains(&format!("PCI {full}")),
+            "host device {full} missing from:\n{topo}"
+        );
+    }
+    let parse = |s: &str| {
+        u128::from_str_radix(&s.trim().trim_start_matches("0x").replace(',', ""), 16).unwrap()
+    };
+    for gpu in GB300 {
+        let hwloc = ok(&[], &["hwloc-calc", &format!("pci={gpu}")]);
+        let local = ok(
+            &[],
+            &["cat", &format!("/sys/bus/pci/devices/{gpu}/local_cpus")],
+        );
+        assert_eq!(parse(&hwloc), parse(&local), "{gpu}");
+    }
     let xml = ok(
         &["--profile", "h100"],
         &["lstopo-no-graphics", "--of", "xml", "--whole-io"],

@@ -1,0 +1,55 @@
+//! `libmockfs.so`: an `LD_PRELOAD` library that redirects NVIDIA driver paths to a mock tree.
+//!
+//! Configuration (read once, when the library is loaded):
+//! - `MOCKFS_ROOT`: the mock root, an absolute path (read with `secure_getenv`). Unset or empty
+//!   means `/run/mockgpu/fs`. A relative path, a missing directory or an empty one (a FUSE mount
+//!   point with nothing mounted) makes the library pass everything through.
+//! - `MOCKFS_PREFIXES`: colon-separated absolute prefixes that replace the defaults. Entries that
+//!   are empty, relative, contain `..`, are `/`, end in `/*` or are longer than 255 bytes are
+//!   ignored; a trailing `*` makes the last component a name prefix (`/dev/nvidia*`).
+//! - Defaults: `/proc/driver/nvidia`, `/sys/bus/pci/drivers/nvidia`, `/sys/bus/pci/devices`,
+//!   `/sys/module/nvidia`, one prefix per line of `<root>/prefixes` (the mock GPUs' sysfs device
+//!   directories), and `/dev/nvidia*` when `MOCKFS_DEV=1`.
+//! - `MOCKFS_DEBUG=1`: notes on stderr (configuration, ignored entries, each redirect).
+//!
+//! The matching rules are in `path.rs`; the hooks in `hooks.rs`.
+#![cfg_attr(not(test), no_std)]
+#![deny(
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
+
+#[cfg(not(test))]
+mod hooks;
+mod path;
+#[cfg(not(test))]
+mod sys;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // Unreachable by construction (no indexing, no unchecked arithmetic); never unwind into C.
+    // SAFETY: abort has no preconditions.
+    unsafe { libc::abort() }
+}
+
+// `rust_eh_personality` is referenced by the unwind tables of the precompiled `core`, but never
+// called: nothing here unwinds (`panic = "abort"`). Defined hidden, so that it is not exported
+// and cannot capture another Rust library's unwinding; it traps if ever reached.
+#[cfg(all(not(test), target_arch = "x86_64"))]
+core::arch::global_asm!(
+    ".globl rust_eh_personality",
+    ".hidden rust_eh_personality",
+    "rust_eh_personality:",
+    "ud2"
+);
+#[cfg(all(not(test), target_arch = "aarch64"))]
+core::arch::global_asm!(
+    ".globl rust_eh_personality",
+    ".hidden rust_eh_personality",
+    "rust_eh_personality:",
+    "brk #1"
+);
