@@ -332,12 +332,13 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
             path: cfg.mountpoint.clone(),
             source,
         })?;
+    let warmed = crate::fs::warm(&cfg.mountpoint, &tree);
     let mount_ms = started.elapsed().as_millis() as u64;
     state.mount_ms.store(mount_ms, Ordering::Relaxed);
     *state.handle.write().unwrap_or_else(|e| e.into_inner()) = Some(mounted.handle.clone());
     tracing::info!(
         profile = %profile.name, node = %topo.node_name, gpus = topo.gpus.len(),
-        mountpoint = %cfg.mountpoint.display(), mount_ms, "driver tree mounted"
+        mountpoint = %cfg.mountpoint.display(), mount_ms, warmed, "driver tree mounted and cached"
     );
     *state.topology.write().unwrap_or_else(|e| e.into_inner()) = Some(topo);
     state.mounted.store(true, Ordering::Release);
@@ -374,7 +375,13 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
                         raw = now;
                         match cfg.profile.load().and_then(|(p, _)| build(&p, &cfg)) {
                             Ok((topo, host)) => {
-                                let changed = handle.replace(&render::driver_tree(&topo, &host));
+                                let tree = render::driver_tree(&topo, &host);
+                                let changed = handle.replace(&tree);
+                                let mountpoint = cfg.mountpoint.clone();
+                                let _ = tokio::task::spawn_blocking(move || {
+                                    crate::fs::warm(&mountpoint, &tree)
+                                })
+                                .await;
                                 state.reloads.fetch_add(1, Ordering::Relaxed);
                                 tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), changed, "profile changed: tree updated");
                                 *state.topology.write().unwrap_or_else(|e| e.into_inner()) =

@@ -127,8 +127,15 @@ fn serve_lifecycle() {
     // SIGKILL leaves a dead mount behind; the next agent detaches it and serves again.
     agent.child.kill().unwrap();
     agent.child.wait().unwrap();
-    let err = fs::metadata(mnt.join("proc")).unwrap_err();
+    // The dead mount still answers what the agent had warmed into the kernel's caches; anything
+    // that needs the agent fails with ENOTCONN.
+    let err = fs::metadata(mnt.join("not-there")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    assert!(
+        fs::read_to_string(mnt.join("proc/driver/nvidia/version"))
+            .unwrap()
+            .starts_with("NVRM")
+    );
     configmap_write(&cm, 4, "base: gb300\n");
     let mut agent = start(&cm.join("profile.yaml"), &mnt);
     wait_for("the restarted tree", || gpu_count(&mnt) == 4);
