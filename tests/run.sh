@@ -12,16 +12,7 @@ fi
 step() { echo; echo "=== $* ($(date +%T))"; }
 
 step "Debian packages the tests use"
-pkgs=(fuse3 pciutils hwloc python3 gcc binutils util-linux debootstrap protobuf-compiler)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
-  apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-fi
+bash tests/apt-ensure.sh fuse3 pciutils hwloc python3 gcc binutils util-linux debootstrap protobuf-compiler
 [ -c /dev/fuse ] || { echo "tests/run.sh: /dev/fuse is missing" >&2; exit 1; }
 
 step "cargo fmt --check"

@@ -9,15 +9,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 T0=$(date +%s)
 
 # host tools (Debian packages): rootfs bootstrap, FUSE, protoc for the CRI bindings
-need=()
-for p in debootstrap fuse3 protobuf-compiler util-linux mount; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  echo "run.sh: apt-get install ${need[*]}"
-  apt-get update -q > /dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" > /dev/null
-fi
+bash "$REPO/tests/apt-ensure.sh" debootstrap fuse3 protobuf-compiler util-linux mount
 
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 PROFILE=${TESTBED_PROFILE:-release}
