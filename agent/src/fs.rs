@@ -422,7 +422,9 @@ pub fn warm(mountpoint: &Path, tree: &Tree) -> usize {
         .count()
 }
 
-/// Mounts `tree` read-only at `mountpoint`, readable by every user.
+/// Mounts `tree` read-only at `mountpoint`: readable by every user when mounted by root
+/// (`allow_other`), by the mounting user only otherwise (an unprivileged `allow_other` needs
+/// `user_allow_other` in `/etc/fuse.conf`).
 pub fn mount(tree: &Tree, mountpoint: &Path) -> io::Result<Mounted> {
     let (fs, handle) = DriverFs::new(tree);
     let mut config = Config::default();
@@ -433,7 +435,11 @@ pub fn mount(tree: &Tree, mountpoint: &Path) -> io::Result<Mounted> {
         MountOption::FSName("mockgpu".into()),
         MountOption::Subtype("mockgpu".into()),
     ];
-    config.acl = SessionACL::All;
+    config.acl = if nix::unistd::geteuid().is_root() {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
     config.n_threads = Some(2);
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
     handle.set_notifier(session.notifier());

@@ -57,6 +57,14 @@ struct Agent {
     port: u16,
 }
 
+impl Drop for Agent {
+    /// A failing assertion must not leave an agent running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn start(profile: &Path, mountpoint: &Path) -> Agent {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
@@ -137,6 +145,7 @@ fn serve_lifecycle() {
             .starts_with("NVRM")
     );
     configmap_write(&cm, 4, "base: gb300\n");
+    drop(agent);
     let mut agent = start(&cm.join("profile.yaml"), &mnt);
     wait_for("the restarted tree", || gpu_count(&mnt) == 4);
 
