@@ -85,11 +85,14 @@ impl ProfileSource {
                     path: path.clone(),
                     source,
                 })?;
-                let text = String::from_utf8_lossy(&raw);
-                Ok((Profile::from_yaml(&text, &path.display().to_string())?, raw))
+                Ok((parse_profile_file(path, &raw)?, raw))
             }
         }
     }
+}
+
+fn parse_profile_file(path: &Path, raw: &[u8]) -> Result<Profile, ProfileError> {
+    Profile::from_yaml(&String::from_utf8_lossy(raw), &path.display().to_string())
 }
 
 /// Settings of `serve`.
@@ -372,8 +375,12 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
                 }
                 match fs::read(path) {
                     Ok(now) if now != raw => {
+                        let parsed = parse_profile_file(path, &now);
                         raw = now;
-                        match cfg.profile.load().and_then(|(p, _)| build(&p, &cfg)) {
+                        match parsed
+                            .map_err(ServeError::from)
+                            .and_then(|p| build(&p, &cfg))
+                        {
                             Ok((topo, host)) => {
                                 let tree = render::driver_tree(&topo, &host);
                                 let changed = handle.replace(&tree);
