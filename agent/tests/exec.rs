@@ -189,3 +189,45 @@ fn hwloc_places_each_gpu_at_its_local_cpus() {
         .count();
     assert_eq!(gpus, 8, "{xml}");
 }
+
+#[test]
+fn sigterm_reaches_the_command_and_everything_is_cleaned_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+        .args([
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "ls /proc/driver/nvidia/gpus > /dev/null && exec sleep 30",
+        ])
+        .env("TMPDIR", tmp.path())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while std::fs::read_dir(tmp.path()).unwrap().count() == 0 {
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "exec made no temporary directory"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15), "{status}");
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        0,
+        "temporary files left behind"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(tmp.path().to_str().unwrap()),
+        "mount left behind"
+    );
+}
