@@ -95,6 +95,7 @@ impl Snapshot {
             let ino = inodes.get(path);
             let (parent_path, name) = path.rsplit_once('/').unwrap_or(("", path));
             let parent = INodeNo(inodes.get(parent_path));
+            let mut subdirs = 0;
             let children: Vec<(String, INodeNo)> = match entry.kind {
                 Kind::Dir => tree
                     .children(path)
@@ -105,22 +106,14 @@ impl Snapshot {
                         } else {
                             format!("{path}/{c}")
                         };
+                        if matches!(tree.get(&child).map(|e| &e.kind), Some(Kind::Dir)) {
+                            subdirs += 1;
+                        }
                         (c.to_string(), INodeNo(inodes.get(&child)))
                     })
                     .collect(),
                 _ => Vec::new(),
             };
-            let subdirs = children
-                .iter()
-                .filter(|(c, _)| {
-                    let child = if path.is_empty() {
-                        c.clone()
-                    } else {
-                        format!("{path}/{c}")
-                    };
-                    matches!(tree.get(&child).map(|e| &e.kind), Some(Kind::Dir))
-                })
-                .count() as u32;
             let nlink = if matches!(entry.kind, Kind::Dir) {
                 2 + subdirs
             } else {

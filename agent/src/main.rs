@@ -3,11 +3,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
+use mockgpu_agent::output;
 use mockgpu_agent::serve::{self, ProfileSource, ServeConfig};
-use mockgpu_agent::{host::SysfsHost, output, render};
-use mockgpu_api::{NodeTopology, Profile};
+use mockgpu_agent::tree::Tree;
+use mockgpu_api::NodeTopology;
 
 /// Makes this node look like an NVIDIA GPU node at the driver-file level.
 #[derive(Parser)]
@@ -133,9 +134,7 @@ fn main() -> std::process::ExitCode {
 fn run(command: Command) -> Result<()> {
     match command {
         Command::Render(args) => {
-            let topo = topology(&args.profile)?;
-            let host = SysfsHost::new(&args.profile.sysfs).probe()?;
-            let tree = render::driver_tree(&topo, &host);
+            let (topo, tree) = topology(&args.profile)?;
             let written = output::write_tree(&tree, &args.out)?;
             for dev in &written.skipped_devices {
                 tracing::warn!(
@@ -154,9 +153,7 @@ fn run(command: Command) -> Result<()> {
         }
         Command::Serve(args) => serve(args)?,
         Command::Exec(args) => {
-            let topo = topology(&args.profile)?;
-            let host = SysfsHost::new(&args.profile.sysfs).probe()?;
-            let tree = render::driver_tree(&topo, &host);
+            let (topo, tree) = topology(&args.profile)?;
             tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), "running with mock GPUs");
             let (code, backing) = mockgpu_agent::exec::run(&tree, &args.command)?;
             tracing::debug!(code, ?backing, "command finished");
@@ -190,10 +187,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--reload-interval must be between 0.05 and 3600 seconds");
     }
     let cfg = ServeConfig {
-        profile: match &args.profile.profile_file {
-            Some(path) => ProfileSource::File(path.clone()),
-            None => ProfileSource::Builtin(args.profile.profile.clone()),
-        },
+        profile: profile_source(&args.profile),
         node_name: node_name(&args.profile)?,
         sysfs: args.profile.sysfs.clone(),
         procfs: args.procfs,
@@ -226,16 +220,15 @@ fn node_name(args: &ProfileArgs) -> Result<String> {
     })
 }
 
-fn topology(args: &ProfileArgs) -> Result<NodeTopology> {
-    let profile = match &args.profile_file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read profile file {}", path.display()))?;
-            Profile::from_yaml(&text, &path.display().to_string())?
-        }
-        None => Profile::builtin(&args.profile)?,
-    };
-    let node = node_name(args)?;
-    let host = SysfsHost::new(&args.sysfs).probe()?;
-    Ok(NodeTopology::build(&profile, &node, &host)?)
+/// The profile's GPUs placed onto this host, and their driver tree.
+fn topology(args: &ProfileArgs) -> Result<(NodeTopology, Tree)> {
+    let (profile, _) = profile_source(args).load()?;
+    Ok(serve::build(&profile, &node_name(args)?, &args.sysfs)?)
+}
+
+fn profile_source(args: &ProfileArgs) -> ProfileSource {
+    match &args.profile_file {
+        Some(path) => ProfileSource::File(path.clone()),
+        None => ProfileSource::Builtin(args.profile.clone()),
+    }
 }

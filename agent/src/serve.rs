@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use mockgpu_api::{HostTopology, NodeTopology, Profile, ProfileError, TopologyError};
+use mockgpu_api::{NodeTopology, Profile, ProfileError, TopologyError};
 use mockgpu_nri::health::{HealthServer, Probe};
 use mockgpu_nri::{GpuInventory, Inventory, NotReady, PinningEvent, Plugin};
 
 use crate::fs::{Mounted, TreeHandle};
 use crate::host::{HostError, SysfsHost};
+use crate::tree::Tree;
 use crate::{mounts, real, render, shim};
 
 /// Where the profile comes from.
@@ -244,10 +245,17 @@ impl Probe for AgentState {
     }
 }
 
-fn build(profile: &Profile, cfg: &ServeConfig) -> Result<(NodeTopology, HostTopology), ServeError> {
-    let host = SysfsHost::new(&cfg.sysfs).probe()?;
-    let topo = NodeTopology::build(profile, &cfg.node_name, &host)?;
-    Ok((topo, host))
+/// Probes the host below `sysfs`, places `profile`'s GPUs onto it for `node_name` and renders
+/// their driver tree.
+pub fn build(
+    profile: &Profile,
+    node_name: &str,
+    sysfs: &Path,
+) -> Result<(NodeTopology, Tree), ServeError> {
+    let host = SysfsHost::new(sysfs).probe()?;
+    let topo = NodeTopology::build(profile, node_name, &host)?;
+    let tree = render::driver_tree(&topo, &host);
+    Ok((topo, tree))
 }
 
 /// Writes `<dir>/lib/libmockfs.so` and `<dir>/ld.so.preload` naming the library where
@@ -310,8 +318,7 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     }
 
     let (profile, mut raw) = cfg.profile.load()?;
-    let (topo, host) = build(&profile, &cfg)?;
-    let tree = render::driver_tree(&topo, &host);
+    let (topo, tree) = build(&profile, &cfg.node_name, &cfg.sysfs)?;
     let dir = cfg
         .mountpoint
         .parent()
@@ -379,10 +386,9 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
                         raw = now;
                         match parsed
                             .map_err(ServeError::from)
-                            .and_then(|p| build(&p, &cfg))
+                            .and_then(|p| build(&p, &cfg.node_name, &cfg.sysfs))
                         {
-                            Ok((topo, host)) => {
-                                let tree = render::driver_tree(&topo, &host);
+                            Ok((topo, tree)) => {
                                 let changed = handle.replace(&tree);
                                 let mountpoint = cfg.mountpoint.clone();
                                 let _ = tokio::task::spawn_blocking(move || {
