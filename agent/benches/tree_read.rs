@@ -200,9 +200,9 @@ fn main() {
                 "gb300",
                 "--listen",
                 &format!("127.0.0.1:{port}"),
-                "--mountpoint",
+                "--dir",
             ])
-            .arg(&mnt)
+            .arg(&run)
             .stderr(Stdio::null())
             .spawn()
             .unwrap();

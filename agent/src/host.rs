@@ -92,6 +92,7 @@ impl SysfsHost {
             sockets,
             numa_nodes: self.numa_nodes()?,
             pci_devices: self.pci_devices()?,
+            devices: Default::default(),
         })
     }
 

@@ -42,17 +42,21 @@ struct ExecArgs {
 #[derive(Args, Clone)]
 struct ProfileArgs {
     /// Built-in profile: gb300 (default), gb200, b200, h200, h100, a100, l40s, t4.
-    #[arg(long, default_value = mockgpu_api::profile::DEFAULT_PROFILE, conflicts_with = "profile_file")]
+    #[arg(long, env = "MOCKGPU_PROFILE", default_value = mockgpu_api::profile::DEFAULT_PROFILE, conflicts_with = "profile_file")]
     profile: String,
     /// A profile YAML file (complete, or `base: <built-in>` plus overrides).
     #[arg(long, env = "MOCKGPU_PROFILE_FILE")]
     profile_file: Option<PathBuf>,
     /// Node name, part of the GPUs' identity [default: this host's name].
-    #[arg(long, env = "NODE_NAME")]
+    #[arg(long, env = "MOCKGPU_NODE_NAME")]
     node_name: Option<String>,
     /// Where sysfs is mounted (read for the host's CPUs, NUMA nodes and PCI devices).
     #[arg(long, default_value = "/sys", hide = true)]
     sysfs: PathBuf,
+    /// Where procfs is mounted (read for the device majors in use, `devices`, and checked for a
+    /// real NVIDIA driver).
+    #[arg(long, default_value = "/proc", hide = true)]
+    procfs: PathBuf,
 }
 
 #[derive(Args)]
@@ -68,15 +72,15 @@ struct RenderArgs {
 struct ServeArgs {
     #[command(flatten)]
     profile: ProfileArgs,
-    /// FUSE mount point; its parent is made a shared mount and receives lib/libmockfs.so and
-    /// ld.so.preload.
-    #[arg(long, default_value = "/run/mockgpu/fs")]
-    mountpoint: PathBuf,
-    /// Where containers see the mount point's parent (the NRI mount destination).
-    #[arg(long, default_value = "/run/mockgpu")]
+    /// The agent's directory: made a shared mount; receives the FUSE tree at fs/,
+    /// lib/libmockfs.so and ld.so.preload.
+    #[arg(long, env = "MOCKGPU_DIR", default_value = mockgpu_api::layout::DEFAULT_DIR)]
+    dir: PathBuf,
+    /// Where containers see the agent's directory (the NRI mount destination).
+    #[arg(long, env = "MOCKGPU_CONTAINER_DIR", default_value = mockgpu_api::layout::DEFAULT_DIR)]
     container_dir: PathBuf,
-    /// Address of /healthz, /readyz and /metrics.
-    #[arg(long, default_value = "127.0.0.1:9464")]
+    /// Address of /healthz, /readyz and /metrics (port 0: any free port, logged at start).
+    #[arg(long, env = "MOCKGPU_LISTEN", default_value = "127.0.0.1:9464")]
     listen: std::net::SocketAddr,
     /// Seconds between checks of --profile-file for changes.
     #[arg(long, default_value_t = 2.0)]
@@ -85,14 +89,16 @@ struct ServeArgs {
     #[arg(long)]
     nri: bool,
     /// The runtime's NRI socket (implies --nri).
-    #[arg(long)]
+    #[arg(long, env = "MOCKGPU_NRI_SOCKET")]
     nri_socket: Option<PathBuf>,
     /// NRI plugin configuration file (YAML; implies --nri).
-    #[arg(long)]
+    #[arg(long, env = "MOCKGPU_NRI_CONFIG")]
     nri_config: Option<PathBuf>,
-    /// Where procfs is mounted (checked for a real NVIDIA driver).
-    #[arg(long, default_value = "/proc", hide = true)]
-    procfs: PathBuf,
+    /// Namespaces whose pods may claim GPUs by NVIDIA_VISIBLE_DEVICES or the mockgpu.io/inject
+    /// annotation (comma-separated; implies --nri). Default: none, so only containers that hold
+    /// GPU devices granted by Kubernetes get the mock.
+    #[arg(long, env = "MOCKGPU_TRUSTED_NAMESPACES", value_delimiter = ',')]
+    trusted_namespaces: Option<Vec<String>>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -164,7 +170,12 @@ fn run(command: Command) -> Result<()> {
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
-    let nri = if args.nri || args.nri_socket.is_some() || args.nri_config.is_some() {
+    let layout = mockgpu_api::Layout::new(&args.dir, &args.container_dir)?;
+    let nri = if args.nri
+        || args.nri_socket.is_some()
+        || args.nri_config.is_some()
+        || args.trusted_namespaces.is_some()
+    {
         let mut config = match &args.nri_config {
             Some(path) => mockgpu_nri::Config::load(path)?,
             None => mockgpu_nri::Config::default(),
@@ -172,13 +183,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         if let Some(socket) = &args.nri_socket {
             config.socket = socket.clone();
         }
-        // The plugin mounts the mount point's parent (lib/, ld.so.preload, fs/) into containers.
-        config.injection.host_dir = args
-            .mountpoint
-            .parent()
-            .unwrap_or(std::path::Path::new("/"))
-            .to_path_buf();
-        config.injection.container_dir = args.container_dir.clone();
+        if let Some(namespaces) = &args.trusted_namespaces {
+            config.injection.trusted_namespaces = namespaces.clone();
+        }
+        // The plugin mounts the agent's directory (lib/, ld.so.preload, fs/) into containers.
+        config.injection.host_dir = layout.host_dir().to_path_buf();
+        config.injection.container_dir = layout.container_dir().to_path_buf();
         Some(config)
     } else {
         None
@@ -190,9 +200,8 @@ fn serve(args: ServeArgs) -> Result<()> {
         profile: profile_source(&args.profile),
         node_name: node_name(&args.profile)?,
         sysfs: args.profile.sysfs.clone(),
-        procfs: args.procfs,
-        mountpoint: args.mountpoint,
-        container_dir: args.container_dir,
+        procfs: args.profile.procfs.clone(),
+        layout,
         listen: args.listen,
         reload_interval: std::time::Duration::from_secs_f64(args.reload_interval),
         nri,
@@ -223,7 +232,12 @@ fn node_name(args: &ProfileArgs) -> Result<String> {
 /// The profile's GPUs placed onto this host, and their driver tree.
 fn topology(args: &ProfileArgs) -> Result<(NodeTopology, Tree)> {
     let (profile, _) = profile_source(args).load()?;
-    Ok(serve::build(&profile, &node_name(args)?, &args.sysfs)?)
+    Ok(serve::build(
+        &profile,
+        &node_name(args)?,
+        &args.sysfs,
+        &args.procfs,
+    )?)
 }
 
 fn profile_source(args: &ProfileArgs) -> ProfileSource {

@@ -1,55 +1,26 @@
 //! Real GPU nodes: when the NVIDIA driver is loaded the agent mocks nothing and only reports
 //! what the driver's own files say.
 
-use std::fs;
 use std::path::Path;
 
-/// A GPU as the real driver describes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RealGpu {
-    /// PCI bus id (the directory name).
-    pub bus_id: String,
-    /// `Model:`.
-    pub model: String,
-    /// `GPU UUID:`.
-    pub uuid: String,
-    /// `Device Minor:`.
-    pub minor: Option<u32>,
-    /// `local_cpulist` of the PCI device, when readable.
-    pub local_cpulist: Option<String>,
-}
+use mockgpu_nri::DriverGpu;
+use mockgpu_nri::inventory::{read_gpus, real_driver_loaded};
 
-/// The GPUs of a loaded NVIDIA driver below `proc_root` (`/proc`) and `sys_root` (`/sys`);
-/// `None` when no driver is loaded (no GPU directories).
-pub fn detect(proc_root: &Path, sys_root: &Path) -> Option<Vec<RealGpu>> {
-    let gpus_dir = proc_root.join("driver/nvidia/gpus");
-    let mut gpus: Vec<RealGpu> = fs::read_dir(gpus_dir)
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let bus_id = e.file_name().into_string().ok()?;
-            let info = fs::read_to_string(e.path().join("information")).ok()?;
-            let field = |key: &str| {
-                info.lines()
-                    .find_map(|l| l.strip_prefix(key))
-                    .map(|v| v.trim().to_string())
-                    .unwrap_or_default()
-            };
-            let cpus = sys_root.join(format!("bus/pci/devices/{bus_id}/local_cpulist"));
-            Some(RealGpu {
-                model: field("Model:"),
-                uuid: field("GPU UUID:"),
-                minor: field("Device Minor:").parse().ok(),
-                local_cpulist: fs::read_to_string(cpus).ok().map(|s| s.trim().to_string()),
-                bus_id,
-            })
-        })
-        .collect();
-    if gpus.is_empty() {
+/// The GPUs of a loaded NVIDIA driver below `proc_root` (`/proc`) and `sys_root` (`/sys`),
+/// read by the same parser that reads the mock's tree; `None` when no driver lists a GPU.
+/// A driver whose files cannot be read still means report-only mode (never mock a real node):
+/// the error is logged and no GPU is reported.
+pub fn detect(proc_root: &Path, sys_root: &Path) -> Option<Vec<DriverGpu>> {
+    if !real_driver_loaded(proc_root) {
         return None;
     }
-    gpus.sort_by_key(|g| (g.minor, g.bus_id.clone()));
-    Some(gpus)
+    match read_gpus(proc_root, sys_root) {
+        Ok(gpus) => Some(gpus),
+        Err(e) => {
+            tracing::error!(error = %e, "a real NVIDIA driver is loaded but its files cannot be read");
+            Some(Vec::new())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -58,7 +29,8 @@ mod tests {
 
     #[test]
     fn parses_a_rendered_tree_as_if_it_were_real() {
-        let host = crate::host::SysfsHost::default().probe().unwrap();
+        let mut host = crate::host::SysfsHost::default().probe().unwrap();
+        host.devices = mockgpu_api::ProcDevices::default();
         let profile = mockgpu_api::Profile::builtin("h100").unwrap();
         let topo = mockgpu_api::NodeTopology::build(&profile, "n", &host).unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -66,13 +38,10 @@ mod tests {
         crate::output::write_tree(&crate::render::driver_tree(&topo, &host), &out).unwrap();
         let gpus = detect(&out.join("proc"), &out.join("sys")).unwrap();
         assert_eq!(gpus.len(), 8);
-        assert_eq!(gpus[3].minor, Some(3));
-        assert_eq!(gpus[0].model, "NVIDIA H100 80GB HBM3");
-        assert_eq!(gpus[0].uuid, topo.gpus[0].uuid);
-        assert_eq!(
-            gpus[0].local_cpulist.as_deref(),
-            Some(host.cpus.to_list().as_str())
-        );
+        assert_eq!(gpus[3].gpu.minor, 3);
+        assert_eq!(gpus[0].information.model, "NVIDIA H100 80GB HBM3");
+        assert_eq!(gpus[0].gpu, topo.gpus[0]);
+        assert_eq!(gpus[0].gpu.cpus, host.cpus);
         assert!(detect(dir.path(), dir.path()).is_none());
     }
 }

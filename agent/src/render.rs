@@ -1,22 +1,14 @@
 //! Renders a node's mock GPUs as the NVIDIA driver's files: `/proc/driver/nvidia`, PCI sysfs,
 //! `/sys/module/nvidia` and the `/dev/nvidia*` nodes, byte for byte as the driver branch of the
-//! profile prints them (see `shared/reference/driver-surface.md`).
+//! profile prints them (see `docs/driver-files.md`), and the merged `/proc/devices` that
+//! publishes the device majors.
 
 use std::fmt::Write as _;
 
-use mockgpu_api::{Arch, Gpu, HostTopology, NodeTopology, Profile};
+use mockgpu_api::layout::PREFIXES_FILE;
+use mockgpu_api::{Arch, Gpu, HostTopology, NodeTopology, Profile, information};
 
 use crate::tree::Tree;
-
-/// Major number of `/dev/nvidia<N>`, `nvidiactl` and `nvidia-modeset`.
-pub const NVIDIA_MAJOR: u32 = 195;
-/// Major number the mock gives `nvidia-uvm` (dynamic on a real host).
-pub const UVM_MAJOR: u32 = 510;
-/// Major number the mock gives `nvidia-caps` (dynamic on a real host).
-pub const CAPS_MAJOR: u32 = 509;
-/// File under the mock root listing the GPUs' sysfs directories (their root bus, or the device
-/// itself when the host has a real device on that bus), one absolute path a line, for the shim.
-pub const PREFIXES_FILE: &str = "prefixes";
 
 const PROC: &str = "proc/driver/nvidia";
 const DRIVER: &str = "sys/bus/pci/drivers/nvidia";
@@ -25,6 +17,10 @@ const DRIVER: &str = "sys/bus/pci/drivers/nvidia";
 pub fn driver_tree(topo: &NodeTopology, host: &HostTopology) -> Tree {
     let p = &topo.profile;
     let mut t = Tree::new();
+    t.file(
+        "proc/devices",
+        topo.devices.merge_into(&host.devices).render(),
+    );
     t.file(&format!("{PROC}/version"), version_file(p));
     t.file(&format!("{PROC}/params"), params_file(p));
     t.file(&format!("{PROC}/registry"), "Binary: \"\"\n");
@@ -65,7 +61,7 @@ pub fn driver_tree(topo: &NodeTopology, host: &HostTopology) -> Tree {
     for gpu in &topo.gpus {
         let bdf = gpu.bus_id.to_string();
         let gdir = format!("{PROC}/gpus/{bdf}");
-        t.file(&format!("{gdir}/information"), information_file(p, gpu));
+        t.file(&format!("{gdir}/information"), information::render(p, gpu));
         t.file(&format!("{gdir}/registry"), "Binary: \"\"\n");
         t.file(&format!("{gdir}/power"), power_file(p));
         if p.numa_status {
@@ -102,19 +98,11 @@ pub fn driver_tree(topo: &NodeTopology, host: &HostTopology) -> Tree {
         if !prefixes.lines().any(|l| l == prefix) {
             writeln!(prefixes, "{prefix}").ok();
         }
-        t.chardev(
-            &format!("dev/nvidia{}", gpu.minor),
-            NVIDIA_MAJOR,
-            gpu.minor,
-            0o666,
-        );
     }
-    t.chardev("dev/nvidiactl", NVIDIA_MAJOR, 255, 0o666);
-    t.chardev("dev/nvidia-modeset", NVIDIA_MAJOR, 254, 0o666);
-    t.chardev("dev/nvidia-uvm", UVM_MAJOR, 0, 0o666);
-    t.chardev("dev/nvidia-uvm-tools", UVM_MAJOR, 1, 0o666);
-    t.chardev("dev/nvidia-caps/nvidia-cap1", CAPS_MAJOR, 1, 0o400);
-    t.chardev("dev/nvidia-caps/nvidia-cap2", CAPS_MAJOR, 2, 0o444);
+    for node in topo.devices.all_nodes(topo.gpus.iter().map(|g| g.minor)) {
+        let path = node.path.trim_start_matches('/');
+        t.chardev(path, node.major, node.minor, node.mode as u16);
+    }
     t.file(PREFIXES_FILE, prefixes);
     t
 }
@@ -208,38 +196,6 @@ patched to improve compatibility with new Linux kernels or to\n\
 fix bugs in these files. When applied, each official patch\n\
 provides a short text file with a short description of itself\n\
 in this directory.\n";
-
-/// DMA address width: 52 bits from Hopper on (device ids from 0x2300), 47 before.
-fn dma_bits(p: &Profile) -> u32 {
-    if p.pci_device >= 0x2300 && p.pci_device < 0x2600 || p.pci_device >= 0x2900 {
-        52
-    } else {
-        47
-    }
-}
-
-/// `/proc/driver/nvidia/gpus/<bdf>/information`.
-pub fn information_file(p: &Profile, gpu: &Gpu) -> String {
-    let bits = dma_bits(p);
-    let mut s = format!(
-        "Model: \t\t {}\nIRQ:   \t\t {}\nGPU UUID: \t {}\nVideo BIOS: \t {}\nBus Type: \t PCIe\nDMA Size: \t {bits} bits\nDMA Mask: \t 0x{:x}\nBus Location: \t {}\nDevice Minor: \t {}\n",
-        p.model,
-        gpu.irq,
-        gpu.uuid,
-        p.vbios.to_ascii_lowercase(),
-        (1u64 << bits) - 1,
-        gpu.bus_id,
-        gpu.minor,
-    );
-    // The open module always runs GSP firmware, whose version is the driver's.
-    if p.open_kernel_module {
-        writeln!(s, "GPU Firmware: \t {}", p.driver_version).ok();
-    } else if p.driver_version.at_least(590, 44) {
-        s.push_str("GPU Firmware: \t N/A\n");
-    }
-    s.push_str("GPU Excluded:\t No\n");
-    s
-}
 
 /// `/proc/driver/nvidia/gpus/<bdf>/power`, whose layout changed in 555 and 590.44.
 fn power_file(p: &Profile) -> String {
@@ -420,9 +376,9 @@ mod tests {
         let mut p = Profile::builtin("t4").unwrap();
         p.open_kernel_module = false;
         let topo = NodeTopology::build(&p, "n", &one_socket_host()).unwrap();
-        assert!(information_file(&p, &topo.gpus[0]).contains("GPU Firmware: \t N/A\n"));
+        assert!(information::render(&p, &topo.gpus[0]).contains("GPU Firmware: \t N/A\n"));
         p.driver_version = "580.105.08".parse().unwrap();
-        assert!(!information_file(&p, &topo.gpus[0]).contains("GPU Firmware"));
+        assert!(!information::render(&p, &topo.gpus[0]).contains("GPU Firmware"));
         assert!(
             version_file(&p).starts_with("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580")
         );

@@ -4,14 +4,17 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::future::Future;
-use std::io;
+use std::io::{self, Read as _};
 use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, mpsc};
 use std::time::{Duration, Instant};
 
-use mockgpu_api::{NodeTopology, Profile, ProfileError, TopologyError};
+use mockgpu_api::{
+    DevicesError, Layout, NodeTopology, ProcDevices, Profile, ProfileError, TopologyError,
+};
 use mockgpu_nri::health::{HealthServer, Probe};
 use mockgpu_nri::{GpuInventory, Inventory, NotReady, PinningEvent, Plugin};
 
@@ -19,6 +22,9 @@ use crate::fs::{Mounted, TreeHandle};
 use crate::host::{HostError, SysfsHost};
 use crate::tree::Tree;
 use crate::{mounts, real, render, shim};
+
+/// Largest profile file accepted (real ones are well under 4 KiB).
+pub const MAX_PROFILE_BYTES: u64 = 1 << 20;
 
 /// Where the profile comes from.
 #[derive(Debug, Clone)]
@@ -39,6 +45,30 @@ pub enum ServeError {
         path: PathBuf,
         /// Why.
         source: io::Error,
+    },
+    /// The profile path is not a regular file (a FIFO, a device, a directory).
+    #[error("profile file {path} is a {kind}, not a regular file")]
+    ProfileNotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// The profile file is larger than any profile.
+    #[error("profile file {path} has {size} bytes, more than the {MAX_PROFILE_BYTES} accepted")]
+    ProfileTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+    },
+    /// The host's `/proc/devices` could not be read or parsed.
+    #[error("cannot read the host's device numbers from {path}: {reason}")]
+    ProcDevices {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
     },
     /// The profile is invalid.
     #[error(transparent)]
@@ -82,14 +112,61 @@ impl ProfileSource {
         match self {
             ProfileSource::Builtin(name) => Ok((Profile::builtin(name)?, name.as_bytes().to_vec())),
             ProfileSource::File(path) => {
-                let raw = fs::read(path).map_err(|source| ServeError::ReadProfile {
-                    path: path.clone(),
-                    source,
-                })?;
+                let raw = read_profile_file(path)?;
                 Ok((parse_profile_file(path, &raw)?, raw))
             }
         }
     }
+}
+
+/// Reads a profile file: a regular file (a FIFO would block for ever) of at most
+/// [`MAX_PROFILE_BYTES`] (a huge file is refused, not read whole).
+fn read_profile_file(path: &Path) -> Result<Vec<u8>, ServeError> {
+    let io_err = |source| ServeError::ReadProfile {
+        path: path.to_path_buf(),
+        source,
+    };
+    // O_NONBLOCK: opening a FIFO without a writer must not block before the type is checked.
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io_err)?;
+    let meta = file.metadata().map_err(io_err)?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_fifo() {
+            "FIFO"
+        } else if ft.is_dir() {
+            "directory"
+        } else if ft.is_socket() {
+            "socket"
+        } else {
+            "device"
+        };
+        return Err(ServeError::ProfileNotRegular {
+            path: path.to_path_buf(),
+            kind,
+        });
+    }
+    if meta.len() > MAX_PROFILE_BYTES {
+        return Err(ServeError::ProfileTooLarge {
+            path: path.to_path_buf(),
+            size: meta.len(),
+        });
+    }
+    let mut raw = Vec::with_capacity(meta.len() as usize);
+    file.by_ref()
+        .take(MAX_PROFILE_BYTES + 1)
+        .read_to_end(&mut raw)
+        .map_err(io_err)?;
+    if raw.len() as u64 > MAX_PROFILE_BYTES {
+        return Err(ServeError::ProfileTooLarge {
+            path: path.to_path_buf(),
+            size: raw.len() as u64,
+        });
+    }
+    Ok(raw)
 }
 
 fn parse_profile_file(path: &Path, raw: &[u8]) -> Result<Profile, ProfileError> {
@@ -105,12 +182,10 @@ pub struct ServeConfig {
     pub node_name: String,
     /// sysfs of the host (`/sys`).
     pub sysfs: PathBuf,
-    /// procfs of the host (`/proc`), checked for a real driver.
+    /// procfs of the host (`/proc`): its `devices` and a real driver.
     pub procfs: PathBuf,
-    /// FUSE mount point; its parent becomes a shared mount holding `lib/` and `ld.so.preload`.
-    pub mountpoint: PathBuf,
-    /// Where containers see the mount point's parent (`/run/mockgpu`).
-    pub container_dir: PathBuf,
+    /// Where the tree, the shim and `ld.so.preload` go, and where containers see them.
+    pub layout: Layout,
     /// Health endpoint address.
     pub listen: SocketAddr,
     /// How often the profile file is checked for changes.
@@ -154,17 +229,8 @@ impl Inventory for AgentState {
             .as_ref()
             .ok_or_else(|| NotReady("no topology loaded".into()))?;
         Ok(GpuInventory {
-            gpus: topo
-                .gpus
-                .iter()
-                .map(|g| mockgpu_nri::Gpu {
-                    index: g.index,
-                    minor: g.minor,
-                    uuid: g.uuid.clone(),
-                    bus_id: g.bus_id.to_string(),
-                })
-                .collect(),
-            uvm_major: render::UVM_MAJOR,
+            gpus: topo.gpus.clone(),
+            devices: topo.devices,
         })
     }
 }
@@ -245,39 +311,81 @@ impl Probe for AgentState {
     }
 }
 
-/// Probes the host below `sysfs`, places `profile`'s GPUs onto it for `node_name` and renders
-/// their driver tree.
+/// Reads the host's `/proc/devices` below `procfs`.
+pub fn host_devices(procfs: &Path) -> Result<ProcDevices, ServeError> {
+    let path = procfs.join("devices");
+    let error = |reason: String| ServeError::ProcDevices {
+        path: path.clone(),
+        reason,
+    };
+    let text = fs::read_to_string(&path).map_err(|e| error(e.to_string()))?;
+    ProcDevices::parse(&text).map_err(|e: DevicesError| error(e.to_string()))
+}
+
+/// Probes the host below `sysfs` and `procfs`, places `profile`'s GPUs onto it for `node_name`
+/// and renders their driver tree.
 pub fn build(
     profile: &Profile,
     node_name: &str,
     sysfs: &Path,
+    procfs: &Path,
 ) -> Result<(NodeTopology, Tree), ServeError> {
-    let host = SysfsHost::new(sysfs).probe()?;
+    let mut host = SysfsHost::new(sysfs).probe()?;
+    host.devices = host_devices(procfs)?;
     let topo = NodeTopology::build(profile, node_name, &host)?;
     let tree = render::driver_tree(&topo, &host);
     Ok((topo, tree))
 }
 
-/// Writes `<dir>/lib/libmockfs.so` and `<dir>/ld.so.preload` naming the library where
-/// containers see it.
-fn install_shim(dir: &Path, container_dir: &Path) -> Result<(), ServeError> {
-    let lib_dir = dir.join("lib");
+/// Writes the shim and `ld.so.preload` (naming the shim where containers see it).
+fn install_shim(layout: &Layout) -> Result<(), ServeError> {
+    let lib_dir = layout.lib_dir();
     shim::install(&lib_dir).map_err(|source| ServeError::Install {
         path: lib_dir.join(shim::FILE_NAME),
         source,
     })?;
-    let preload = dir.join("ld.so.preload");
-    let content = format!(
-        "{}\n",
-        container_dir.join("lib").join(shim::FILE_NAME).display()
-    );
-    fs::write(&preload, content).map_err(|source| ServeError::Install {
+    let preload = layout.ld_so_preload();
+    fs::write(&preload, layout.ld_so_preload_content()).map_err(|source| ServeError::Install {
         path: preload,
         source,
     })
 }
 
-/// Runs until `shutdown` completes, then unmounts.
+/// Everything from loading the profile to a mounted, warmed tree: blocking work, run off the
+/// async runtime.
+fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeError> {
+    let (profile, raw) = cfg.profile.load()?;
+    let (topo, tree) = build(&profile, &cfg.node_name, &cfg.sysfs, &cfg.procfs)?;
+    let dir = cfg.layout.host_dir();
+    let mountpoint = cfg.layout.mount_point();
+    if nix::unistd::geteuid().is_root() {
+        mounts::make_shared(dir)?;
+    } else {
+        tracing::warn!(dir = %dir.display(), "not root: cannot make the directory a shared mount; containers will not see agent restarts");
+    }
+    if mounts::detach_stale(&mountpoint)? {
+        tracing::warn!(mountpoint = %mountpoint.display(), "detached a stale mount left by a previous agent");
+    }
+    fs::create_dir_all(&mountpoint).map_err(|source| ServeError::Install {
+        path: mountpoint.clone(),
+        source,
+    })?;
+    install_shim(&cfg.layout)?;
+    let mounted = crate::fs::mount(&tree, &mountpoint).map_err(|source| ServeError::Fuse {
+        path: mountpoint.clone(),
+        source,
+    })?;
+    let warmed = crate::fs::warm(&mountpoint, &tree);
+    tracing::info!(
+        profile = %profile.name, node = %topo.node_name, gpus = topo.gpus.len(),
+        mountpoint = %mountpoint.display(), warmed, "driver tree mounted and cached"
+    );
+    Ok((topo, raw, mounted))
+}
+
+/// Runs until `shutdown` completes, then unmounts. File, mount and FUSE work runs on other
+/// threads than the async runtime's, so that NRI requests and health checks are answered while
+/// the tree is built, mounted or reloaded.
 pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
     let started = Instant::now();
     let state = Arc::new(AgentState::default());
@@ -305,7 +413,7 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     if let Some(gpus) = real_gpus {
         state.real_gpus.store(gpus.len() as u64, Ordering::Relaxed);
         for g in &gpus {
-            tracing::info!(bus_id = %g.bus_id, model = %g.model, uuid = %g.uuid, minor = ?g.minor, cpus = ?g.local_cpulist, "real GPU");
+            tracing::info!(bus_id = %g.gpu.bus_id, model = %g.information.model, uuid = %g.gpu.uuid, minor = g.gpu.minor, cpus = %g.gpu.cpus.to_list(), "real GPU");
         }
         tracing::info!(
             count = gpus.len(),
@@ -317,42 +425,6 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         return Ok(());
     }
 
-    let (profile, mut raw) = cfg.profile.load()?;
-    let (topo, tree) = build(&profile, &cfg.node_name, &cfg.sysfs)?;
-    let dir = cfg
-        .mountpoint
-        .parent()
-        .unwrap_or(Path::new("/"))
-        .to_path_buf();
-    if nix::unistd::geteuid().is_root() {
-        mounts::make_shared(&dir)?;
-    } else {
-        tracing::warn!(dir = %dir.display(), "not root: cannot make the directory a shared mount; containers will not see agent restarts");
-    }
-    if mounts::detach_stale(&cfg.mountpoint)? {
-        tracing::warn!(mountpoint = %cfg.mountpoint.display(), "detached a stale mount left by a previous agent");
-    }
-    fs::create_dir_all(&cfg.mountpoint).map_err(|source| ServeError::Install {
-        path: cfg.mountpoint.clone(),
-        source,
-    })?;
-    install_shim(&dir, &cfg.container_dir)?;
-    let mounted: Mounted =
-        crate::fs::mount(&tree, &cfg.mountpoint).map_err(|source| ServeError::Fuse {
-            path: cfg.mountpoint.clone(),
-            source,
-        })?;
-    let warmed = crate::fs::warm(&cfg.mountpoint, &tree);
-    let mount_ms = started.elapsed().as_millis() as u64;
-    state.mount_ms.store(mount_ms, Ordering::Relaxed);
-    *state.handle.write().unwrap_or_else(|e| e.into_inner()) = Some(mounted.handle.clone());
-    tracing::info!(
-        profile = %profile.name, node = %topo.node_name, gpus = topo.gpus.len(),
-        mountpoint = %cfg.mountpoint.display(), mount_ms, warmed, "driver tree mounted and cached"
-    );
-    *state.topology.write().unwrap_or_else(|e| e.into_inner()) = Some(topo);
-    state.mounted.store(true, Ordering::Release);
-
     if let Some(mut rx) = pinning_rx {
         let st = state.clone();
         tokio::spawn(async move {
@@ -361,78 +433,119 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
             }
         });
     }
+    // The plugin connects at once: until the tree is mounted it refuses GPU containers with a
+    // message (or lets them through without the mock, with fail_open).
     let nri_task = plugin.map(|plugin| {
         let rx = stop_rx.clone();
         tokio::spawn(async move { plugin.run(stopped(rx)).await })
     });
 
-    let reload = {
-        let state = state.clone();
+    let prepared = {
         let cfg = cfg.clone();
-        let handle = mounted.handle.clone();
-        let mut rx = stop_rx.clone();
-        async move {
-            let ProfileSource::File(path) = &cfg.profile else {
-                return;
-            };
-            loop {
-                tokio::select! {
-                    _ = rx.wait_for(|s| *s) => return,
-                    () = tokio::time::sleep(cfg.reload_interval) => {}
-                }
-                match fs::read(path) {
-                    Ok(now) if now != raw => {
-                        let parsed = parse_profile_file(path, &now);
-                        raw = now;
-                        match parsed
-                            .map_err(ServeError::from)
-                            .and_then(|p| build(&p, &cfg.node_name, &cfg.sysfs))
-                        {
-                            Ok((topo, tree)) => {
-                                let changed = handle.replace(&tree);
-                                let mountpoint = cfg.mountpoint.clone();
-                                let _ = tokio::task::spawn_blocking(move || {
-                                    crate::fs::warm(&mountpoint, &tree)
-                                })
-                                .await;
-                                state.reloads.fetch_add(1, Ordering::Relaxed);
-                                tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), changed, "profile changed: tree updated");
-                                *state.topology.write().unwrap_or_else(|e| e.into_inner()) =
-                                    Some(topo);
-                            }
-                            Err(e) => {
-                                state.reload_errors.fetch_add(1, Ordering::Relaxed);
-                                tracing::error!(error = %e, "profile change rejected; still serving the previous tree");
-                            }
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "cannot read profile file")
-                    }
-                }
-            }
-        }
+        tokio::task::spawn_blocking(move || prepare(&cfg))
+            .await
+            .expect("the preparation thread does not panic")?
     };
-    let reload_task = tokio::spawn(reload);
+    let (topo, raw, mounted) = prepared;
+    let mount_ms = started.elapsed().as_millis() as u64;
+    state.mount_ms.store(mount_ms, Ordering::Relaxed);
+    *state.handle.write().unwrap_or_else(|e| e.into_inner()) = Some(mounted.handle.clone());
+    *state.topology.write().unwrap_or_else(|e| e.into_inner()) = Some(topo);
+    state.mounted.store(true, Ordering::Release);
+    tracing::info!(mount_ms, "ready");
+
+    let (reload_stop, reload_stopped) = mpsc::channel::<()>();
+    let reloader = {
+        let (state, cfg, handle) = (state.clone(), cfg.clone(), mounted.handle.clone());
+        std::thread::Builder::new()
+            .name("reload".into())
+            .spawn(move || reload_loop(&state, &cfg, &handle, raw, &reload_stopped))
+            .map_err(|source| ServeError::Install {
+                path: "reload thread".into(),
+                source,
+            })?
+    };
 
     shutdown.await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    let _ = reload_task.await;
+    drop(reload_stop);
     if let Some(t) = nri_task {
         if let Ok(Err(e)) = t.await {
             tracing::warn!(error = %e, "NRI plugin ended with an error");
         }
     }
     state.mounted.store(false, Ordering::Release);
-    mounted.unmount().map_err(|source| ServeError::Fuse {
-        path: cfg.mountpoint.clone(),
+    let mountpoint = cfg.layout.mount_point();
+    tokio::task::spawn_blocking(move || {
+        let _ = reloader.join();
+        mounted.unmount()
+    })
+    .await
+    .expect("the unmount thread does not panic")
+    .map_err(|source| ServeError::Fuse {
+        path: mountpoint,
         source,
     })?;
     let _ = health_task.await;
     tracing::info!("driver tree unmounted");
     Ok(())
+}
+
+/// Every `reload_interval` until `stop` is dropped: rebuilds the tree when the profile file or
+/// the host's `/proc/devices` changed (a module loaded since may have taken a major the mock
+/// chose) and swaps it in place. A rejected profile keeps the previous tree.
+fn reload_loop(
+    state: &AgentState,
+    cfg: &ServeConfig,
+    handle: &TreeHandle,
+    mut raw: Vec<u8>,
+    stop: &mpsc::Receiver<()>,
+) {
+    let devices_path = cfg.procfs.join("devices");
+    let mut devices = fs::read(&devices_path).unwrap_or_default();
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(cfg.reload_interval) {
+        let profile_now = match &cfg.profile {
+            ProfileSource::File(path) => match read_profile_file(path) {
+                Ok(now) => now,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read profile file");
+                    continue;
+                }
+            },
+            ProfileSource::Builtin(_) => raw.clone(),
+        };
+        let devices_now = fs::read(&devices_path).unwrap_or_default();
+        if profile_now == raw && devices_now == devices {
+            continue;
+        }
+        let profile = match &cfg.profile {
+            ProfileSource::File(path) => parse_profile_file(path, &profile_now),
+            ProfileSource::Builtin(name) => Profile::builtin(name),
+        };
+        raw = profile_now;
+        devices = devices_now;
+        match profile
+            .map_err(ServeError::from)
+            .and_then(|p| build(&p, &cfg.node_name, &cfg.sysfs, &cfg.procfs))
+        {
+            Ok((topo, tree)) => {
+                let changed = handle.replace(&tree);
+                crate::fs::warm(&cfg.layout.mount_point(), &tree);
+                state.reloads.fetch_add(1, Ordering::Relaxed);
+                let mut current = state.topology.write().unwrap_or_else(|e| e.into_inner());
+                if current.as_ref().is_some_and(|t| t.devices != topo.devices) {
+                    tracing::warn!(devices = ?topo.devices, "the host's /proc/devices changed: device majors chosen anew");
+                }
+                tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), changed, "tree updated");
+                *current = Some(topo);
+            }
+            Err(e) => {
+                state.reload_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "profile change rejected; still serving the previous tree");
+            }
+        }
+    }
 }
 
 /// Logs a pinning event and keeps the pinned-container gauge.

@@ -79,8 +79,8 @@ fn start(profile: &Path, mountpoint: &Path) -> Agent {
         .arg(format!("127.0.0.1:{port}"))
         .arg("--profile-file")
         .arg(profile)
-        .arg("--mountpoint")
-        .arg(mountpoint)
+        .arg("--dir")
+        .arg(mountpoint.parent().unwrap())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -180,8 +180,8 @@ fn real_driver_means_report_only() {
         .arg(real.join("proc"))
         .arg("--sysfs")
         .arg(real.join("sys"))
-        .arg("--mountpoint")
-        .arg(&mnt)
+        .arg("--dir")
+        .arg(mnt.parent().unwrap())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();

@@ -5,11 +5,17 @@
 
 mod busid;
 mod cpuset;
+pub mod devices;
+pub mod information;
+pub mod layout;
 pub mod profile;
 pub mod topology;
 
 pub use busid::{BusId, BusIdError};
 pub use cpuset::{CpuListError, CpuSet};
+pub use devices::{DeviceNode, DeviceNumbers, DevicesError, ProcDevices};
+pub use information::{Information, InformationError};
+pub use layout::{Layout, LayoutError};
 pub use profile::{Arch, DriverVersion, Profile, ProfileError, ProfileSpec};
 pub use topology::{
     Gpu, HostNumaNode, HostPciDevice, HostSocket, HostTopology, NodeTopology, TopologyError,

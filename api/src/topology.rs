@@ -3,7 +3,7 @@
 //! [`NodeTopology::build`] is a pure, deterministic function of (profile, node name, host):
 //! the same inputs give the same UUIDs, bus ids, minors and CPU affinities on any machine.
 
-use crate::{BusId, CpuSet, Profile};
+use crate::{BusId, CpuSet, DeviceNumbers, DevicesError, ProcDevices, Profile};
 
 /// One CPU socket (physical package) of the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +45,8 @@ pub struct HostTopology {
     pub numa_nodes: Vec<HostNumaNode>,
     /// Real PCI devices.
     pub pci_devices: Vec<HostPciDevice>,
+    /// The host's `/proc/devices` (the device majors in use).
+    pub devices: ProcDevices,
 }
 
 /// Errors placing a profile onto a host.
@@ -59,6 +61,9 @@ pub enum TopologyError {
     /// No free bus is left for a GPU.
     #[error("no free PCI bus left for GPU {0}")]
     NoFreeBus(u32),
+    /// The host's device numbers leave none for the mock.
+    #[error(transparent)]
+    Devices(#[from] DevicesError),
 }
 
 /// One mock GPU.
@@ -93,6 +98,8 @@ pub struct NodeTopology {
     pub gpus: Vec<Gpu>,
     /// Width of `local_cpus` masks.
     pub nr_cpu_ids: u32,
+    /// The majors of NVIDIA's dynamic device nodes on this host.
+    pub devices: DeviceNumbers,
 }
 
 impl NodeTopology {
@@ -112,6 +119,7 @@ impl NodeTopology {
         if host.cpus.is_empty() {
             return Err(TopologyError::NoCpus);
         }
+        let devices = DeviceNumbers::choose(&host.devices)?;
         let whole_host = [HostSocket {
             id: 0,
             cpus: host.cpus.clone(),
@@ -158,6 +166,7 @@ impl NodeTopology {
             node_name: node_name.to_string(),
             profile: profile.clone(),
             gpus,
+            devices,
             nr_cpu_ids: host
                 .nr_cpu_ids
                 .max(host.cpus.iter().last().unwrap_or(0) + 1),
@@ -256,6 +265,7 @@ mod tests {
                 })
                 .collect(),
             pci_devices: vec![],
+            devices: ProcDevices::default(),
         }
     }
 

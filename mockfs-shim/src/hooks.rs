@@ -14,7 +14,9 @@ use core::sync::atomic::{AtomicU8, Ordering};
 
 use libc::{AT_FDCWD, mode_t, size_t, ssize_t};
 
-use crate::path::{Config, DEFAULT_PREFIXES, DEV_PREFIX, PATH_MAX, ROOT_MAX, Target};
+use crate::path::{
+    Config, DEFAULT_PREFIXES, DEFAULT_ROOT, DEV_PREFIX, PATH_MAX, PREFIXES_FILE, ROOT_MAX, Target,
+};
 use crate::sys::{self, Real, errno, note, set_errno};
 
 /// The `ver` argument glibc's `__xstat` family expects for the native `struct stat`.
@@ -22,9 +24,6 @@ use crate::sys::{self, Real, errno, note, set_errno};
 const STAT_VER: c_int = 1;
 #[cfg(not(target_arch = "x86_64"))]
 const STAT_VER: c_int = 0;
-
-/// The mock root used when `MOCKFS_ROOT` is unset or empty.
-const DEFAULT_ROOT: &[u8] = b"/run/mockgpu/fs";
 
 /// Set once by the constructor, read by every hook.
 struct Shared(core::cell::UnsafeCell<Config>);
@@ -396,7 +395,7 @@ fn configure_from(cfg: &mut Config, fd: c_int, root: &[u8]) -> bool {
                 add(DEV_PREFIX);
             }
             let mut file = [0u8; 16 * 1024];
-            if let Some(pfd) = sys::open_at(fd, c"prefixes", libc::O_RDONLY) {
+            if let Some(pfd) = sys::open_at(fd, PREFIXES_FILE, libc::O_RDONLY) {
                 let n = sys::read_full(pfd, &mut file);
                 sys::close(pfd);
                 let mut text = file.get(..n).unwrap_or_default();

@@ -7,7 +7,8 @@
 //! - `MOCKFS_PREFIXES`: colon-separated absolute prefixes that replace the defaults. Entries that
 //!   are empty, relative, contain `..`, are `/`, end in `/*` or are longer than 255 bytes are
 //!   ignored; a trailing `*` makes the last component a name prefix (`/dev/nvidia*`).
-//! - Defaults: `/proc/driver/nvidia`, `/sys/bus/pci/drivers/nvidia`, `/sys/bus/pci/devices`,
+//! - Defaults: `/proc/devices` (the merged list that publishes the driver's majors),
+//!   `/proc/driver/nvidia`, `/sys/bus/pci/drivers/nvidia`, `/sys/bus/pci/devices`,
 //!   `/sys/module/nvidia`, one prefix per line of `<root>/prefixes` (the mock GPUs' sysfs device
 //!   directories), and `/dev/nvidia*` when `MOCKFS_DEV=1`.
 //! - `MOCKFS_DEBUG=1`: notes on stderr (configuration, ignored entries, each redirect).

@@ -29,8 +29,15 @@ pub const ROOT_MAX: usize = 1024;
 /// Most prefixes kept; further entries are ignored.
 pub const MAX_PREFIXES: usize = 64;
 
+/// The mock root without `MOCKFS_ROOT`: where the agent mounts its tree (the layout's
+/// `fs/`, owned by `mockgpu-api`; a unit test keeps the two equal).
+pub const DEFAULT_ROOT: &[u8] = b"/run/mockgpu/fs";
+/// The file below the mock root that lists further prefixes (the GPUs' sysfs directories).
+pub const PREFIXES_FILE: &core::ffi::CStr = c"prefixes";
+
 /// Prefixes redirected unless `MOCKFS_PREFIXES` replaces them.
-pub const DEFAULT_PREFIXES: [&[u8]; 4] = [
+pub const DEFAULT_PREFIXES: [&[u8]; 5] = [
+    b"/proc/devices",
     b"/proc/driver/nvidia",
     b"/sys/bus/pci/drivers/nvidia",
     b"/sys/bus/pci/devices",
@@ -979,5 +986,18 @@ mod tests {
         assert_eq!(c.logical_of(b"/mock/root/etc"), None);
         assert_eq!(c.logical_of(b"/mock/rootx/proc/driver/nvidia"), None);
         assert_eq!(c.logical_of(b"/proc/driver/nvidia"), None);
+    }
+
+    #[test]
+    fn defaults_follow_the_agents_layout() {
+        let layout = mockgpu_api::Layout::default();
+        assert_eq!(
+            DEFAULT_ROOT,
+            layout.mount_point().to_str().unwrap().as_bytes()
+        );
+        assert_eq!(
+            PREFIXES_FILE.to_bytes(),
+            mockgpu_api::layout::PREFIXES_FILE.as_bytes()
+        );
     }
 }

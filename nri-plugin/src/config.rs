@@ -10,13 +10,21 @@
 //!   ld_so_preload: true         # also bind <host_dir>/ld.so.preload onto /etc/ld.so.preload
 //!   fail_open: false            # driver tree not ready: inject nothing instead of failing
 //!   namespaces: []              # only these pod namespaces (empty: all)
+//!   trusted_namespaces: []      # pods here may claim GPUs by NVIDIA_VISIBLE_DEVICES or the
+//!                               # inject annotation (empty: no pod may; GPU devices count anywhere)
 //!   containers: []              # only these container names (empty: all)
 //!   inject_annotation: mockgpu.io/inject  # pod annotation naming containers to treat as GPU holders
 //!   skip_annotation: mockgpu.io/skip      # pod annotation "true" opts the pod out
 //! ```
+//!
+//! The runtime's own drop-in (`ConfigureRequest.config`) is merged into this configuration: it
+//! may change the policy settings it sets to a non-default value, but never the layout
+//! (`host_dir`, `container_dir`, `ld_so_preload`) that the agent wrote its files for; a drop-in
+//! that tries is rejected with a message.
 
 use std::path::{Path, PathBuf};
 
+use mockgpu_api::Layout;
 use serde::Deserialize;
 
 /// Errors loading or validating the configuration; each names the file and the key.
@@ -38,6 +46,20 @@ pub enum ConfigError {
         /// Underlying error (names the key and position).
         source: serde_yaml::Error,
     },
+    /// The runtime's drop-in sets a layout key to another value than the agent's.
+    #[error(
+        "invalid config in {origin}: `{key}` is {theirs} there but {ours} in the agent's configuration; the layout cannot be changed by the runtime's plugin configuration"
+    )]
+    Conflict {
+        /// Where the value came from.
+        origin: String,
+        /// The key, dotted.
+        key: &'static str,
+        /// The agent's value.
+        ours: String,
+        /// The drop-in's value.
+        theirs: String,
+    },
     /// A value is out of range.
     #[error("invalid config in {origin}: `{key}` {reason}")]
     Invalid {
@@ -55,8 +77,6 @@ pub type Result<T, E = ConfigError> = std::result::Result<T, E>;
 
 /// Default runtime socket of external plugins.
 pub const DEFAULT_SOCKET: &str = "/var/run/nri/nri.sock";
-/// Default host directory and container mount point.
-pub const DEFAULT_DIR: &str = "/run/mockgpu";
 
 /// The whole plugin configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -99,6 +119,9 @@ pub struct InjectionConfig {
     pub namespaces: Vec<String>,
     /// Container names to consider; empty means all.
     pub containers: Vec<String>,
+    /// Namespaces whose pods may claim GPUs through `NVIDIA_VISIBLE_DEVICES` or the inject
+    /// annotation; empty means none (GPU devices granted by Kubernetes count everywhere).
+    pub trusted_namespaces: Vec<String>,
     /// Pod annotation whose comma-separated value names containers that get the mock.
     pub inject_annotation: String,
     /// Pod annotation that, set to `true`, opts the whole pod out.
@@ -108,15 +131,23 @@ pub struct InjectionConfig {
 impl Default for InjectionConfig {
     fn default() -> Self {
         Self {
-            host_dir: DEFAULT_DIR.into(),
-            container_dir: DEFAULT_DIR.into(),
+            host_dir: mockgpu_api::layout::DEFAULT_DIR.into(),
+            container_dir: mockgpu_api::layout::DEFAULT_DIR.into(),
             ld_so_preload: true,
             fail_open: false,
             namespaces: Vec::new(),
             containers: Vec::new(),
+            trusted_namespaces: Vec::new(),
             inject_annotation: "mockgpu.io/inject".into(),
             skip_annotation: "mockgpu.io/skip".into(),
         }
+    }
+}
+
+impl InjectionConfig {
+    /// The layout these settings describe (valid once [`Config::validate`] passed).
+    pub fn layout(&self) -> Layout {
+        Layout::new(&self.host_dir, &self.container_dir).unwrap_or_default()
     }
 }
 
@@ -165,8 +196,11 @@ impl Config {
             return invalid("socket", "must be an absolute path");
         }
         let inj = &self.injection;
-        if !inj.host_dir.is_absolute() {
-            return invalid("injection.host_dir", "must be an absolute path");
+        if !inj.host_dir.is_absolute() || inj.host_dir == Path::new("/") {
+            return invalid(
+                "injection.host_dir",
+                "must be an absolute path other than /",
+            );
         }
         if !inj.container_dir.is_absolute() || inj.container_dir == Path::new("/") {
             return invalid(
@@ -176,6 +210,12 @@ impl Config {
         }
         if inj.namespaces.iter().any(String::is_empty) {
             return invalid("injection.namespaces", "must not contain empty names");
+        }
+        if inj.trusted_namespaces.iter().any(String::is_empty) {
+            return invalid(
+                "injection.trusted_namespaces",
+                "must not contain empty names",
+            );
         }
         if inj.containers.iter().any(String::is_empty) {
             return invalid("injection.containers", "must not contain empty names");
@@ -188,6 +228,74 @@ impl Config {
         }
         Ok(())
     }
+
+    /// The injection settings after merging the runtime's drop-in `text` into these: each
+    /// policy key the drop-in sets to a non-default value replaces ours; a layout key set to a
+    /// value other than ours is a [`ConfigError::Conflict`].
+    pub fn merge_runtime(&self, text: &str, origin: &str) -> Result<InjectionConfig> {
+        let theirs = Config::parse(text, origin)?;
+        theirs.validate(origin)?;
+        let (ours, theirs, default) = (
+            &self.injection,
+            theirs.injection,
+            InjectionConfig::default(),
+        );
+        let conflict = |key, a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| {
+            Err(ConfigError::Conflict {
+                origin: origin.to_owned(),
+                key,
+                ours: format!("{a:?}"),
+                theirs: format!("{b:?}"),
+            })
+        };
+        if theirs.host_dir != default.host_dir && theirs.host_dir != ours.host_dir {
+            return conflict("injection.host_dir", &ours.host_dir, &theirs.host_dir);
+        }
+        if theirs.container_dir != default.container_dir
+            && theirs.container_dir != ours.container_dir
+        {
+            return conflict(
+                "injection.container_dir",
+                &ours.container_dir,
+                &theirs.container_dir,
+            );
+        }
+        if theirs.ld_so_preload != default.ld_so_preload
+            && theirs.ld_so_preload != ours.ld_so_preload
+        {
+            return conflict(
+                "injection.ld_so_preload",
+                &ours.ld_so_preload,
+                &theirs.ld_so_preload,
+            );
+        }
+        Ok(InjectionConfig {
+            fail_open: set_or(&theirs.fail_open, &default.fail_open, &ours.fail_open),
+            namespaces: set_or(&theirs.namespaces, &default.namespaces, &ours.namespaces),
+            containers: set_or(&theirs.containers, &default.containers, &ours.containers),
+            trusted_namespaces: set_or(
+                &theirs.trusted_namespaces,
+                &default.trusted_namespaces,
+                &ours.trusted_namespaces,
+            ),
+            inject_annotation: set_or(
+                &theirs.inject_annotation,
+                &default.inject_annotation,
+                &ours.inject_annotation,
+            ),
+            skip_annotation: set_or(
+                &theirs.skip_annotation,
+                &default.skip_annotation,
+                &ours.skip_annotation,
+            ),
+            ..ours.clone()
+        })
+    }
+}
+
+/// `theirs` where it differs from the default, else `ours`.
+fn set_or<T: PartialEq + Clone>(theirs: &T, default: &T, ours: &T) -> T {
+    if theirs != default { theirs } else { ours }.clone()
 }
 
 #[cfg(test)]
@@ -220,6 +328,48 @@ mod tests {
             msg.contains("/etc/m.yaml") && msg.contains("fail_opn"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn the_runtime_merges_policy_but_never_moves_the_layout() {
+        let ours = Config::parse(
+            "injection:\n  host_dir: /var/lib/m\n  container_dir: /m\n  trusted_namespaces: [slurm]\n",
+            "agent",
+        )
+        .unwrap();
+        let merged = ours
+            .merge_runtime(
+                "injection:\n  fail_open: true\n  containers: [slurmd]\n",
+                "rt",
+            )
+            .unwrap();
+        assert_eq!(merged.host_dir, Path::new("/var/lib/m"));
+        assert_eq!(merged.container_dir, Path::new("/m"));
+        assert!(merged.fail_open);
+        assert_eq!(merged.containers, ["slurmd"]);
+        assert_eq!(merged.trusted_namespaces, ["slurm"]);
+        // Restating the agent's own layout is fine; another one is refused with both values.
+        ours.merge_runtime("injection:\n  container_dir: /m\n", "rt")
+            .unwrap();
+        let err = ours
+            .merge_runtime("injection:\n  container_dir: /other\n", "rt")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`injection.container_dir` is \"/other\" there but \"/m\""),
+            "{err}"
+        );
+        let err = ours
+            .merge_runtime("injection:\n  ld_so_preload: false\n", "rt")
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            ConfigError::Conflict {
+                key: "injection.ld_so_preload",
+                ..
+            }
+        ));
+        assert!(ours.merge_runtime("injection: {bogus: 1}", "rt").is_err());
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub enum Error {
         /// Underlying error.
         source: ttrpc::Error,
     },
+    /// The runtime broke the protocol (too much data, an impossible request).
+    #[error("NRI protocol: {0}")]
+    Protocol(String),
     /// The runtime did not answer RegisterPlugin in time.
     #[error("runtime did not answer RegisterPlugin within {0:?}")]
     RegisterTimeout(std::time::Duration),
@@ -53,7 +56,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl From<Error> for ttrpc::Error {
     fn from(err: Error) -> Self {
         let code = match &err {
-            Error::Config(_) => Code::INVALID_ARGUMENT,
+            Error::Config(_) | Error::Protocol(_) => Code::INVALID_ARGUMENT,
             Error::Policy(PolicyError::NotReady { .. }) => Code::FAILED_PRECONDITION,
             Error::Policy(PolicyError::UnknownGpu { .. }) => Code::INVALID_ARGUMENT,
             _ => Code::INTERNAL,

@@ -1,17 +1,13 @@
 //! `mockgpu-nri`: the NRI plugin as a standalone process, for runtimes that launch pre-installed
 //! plugins from `/opt/nri/plugins` (descriptor 3) or as an external plugin on the NRI socket.
 
-use std::{
-    fs::OpenOptions,
-    net::SocketAddr,
-    os::fd::{FromRawFd, OwnedFd},
-    path::PathBuf,
-    sync::Arc,
-};
+use std::{fs::OpenOptions, net::SocketAddr, path::PathBuf, sync::Arc};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use mockgpu_nri::{Config, DriverTreeInventory, PinningEvent, Plugin, health::HealthServer};
+use mockgpu_nri::{
+    Config, DriverTreeInventory, Inventory, PinningEvent, Plugin, health::HealthServer,
+};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
@@ -34,15 +30,23 @@ struct Args {
     /// Plugin index (two digits).
     #[arg(long, env = "NRI_PLUGIN_IDX")]
     index: Option<String>,
-    /// Descriptor of a socket inherited from the runtime (pre-installed mode).
+    /// Descriptor of a socket inherited from the runtime (pre-installed mode; the runtime sets
+    /// NRI_PLUGIN_SOCKET, NRI_PLUGIN_NAME and NRI_PLUGIN_IDX).
     #[arg(long, env = "NRI_PLUGIN_SOCKET")]
     inherited_fd: Option<i32>,
     /// Host directory mounted into GPU-holding containers.
-    #[arg(long)]
+    #[arg(long, env = "MOCKGPU_DIR")]
     host_dir: Option<PathBuf>,
     /// Mount point of that directory inside containers.
-    #[arg(long)]
+    #[arg(long, env = "MOCKGPU_CONTAINER_DIR")]
     container_dir: Option<PathBuf>,
+    /// Namespaces whose pods may claim GPUs by NVIDIA_VISIBLE_DEVICES or the inject annotation
+    /// (comma-separated; default none: only GPU devices granted by Kubernetes count).
+    #[arg(long, env = "MOCKGPU_TRUSTED_NAMESPACES", value_delimiter = ',')]
+    trusted_namespaces: Option<Vec<String>>,
+    /// Where procfs is mounted (checked for a real NVIDIA driver, which means: inject nothing).
+    #[arg(long, default_value = "/proc", hide = true)]
+    procfs: PathBuf,
     /// Driver tree read for the GPU inventory (default: `<host-dir>/fs`); differs from it when
     /// the runtime resolves paths inside another root than this process.
     #[arg(long)]
@@ -75,6 +79,10 @@ impl Args {
         set(&mut config.index, &self.index);
         set(&mut config.injection.host_dir, &self.host_dir);
         set(&mut config.injection.container_dir, &self.container_dir);
+        set(
+            &mut config.injection.trusted_namespaces,
+            &self.trusted_namespaces,
+        );
         config.injection.fail_open |= self.fail_open;
         config.injection.ld_so_preload &= !self.no_ld_so_preload;
         let origin = match &self.config {
@@ -125,7 +133,10 @@ async fn main() -> Result<()> {
         .driver_tree
         .clone()
         .unwrap_or_else(|| config.injection.host_dir.join("fs"));
-    let inventory = Arc::new(DriverTreeInventory::new(tree));
+    let inventory = Arc::new(DriverTreeInventory::new(tree, args.procfs.clone()));
+    if inventory.real_driver() {
+        tracing::info!("real NVIDIA driver found: injecting nothing");
+    }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PinningEvent>();
     tokio::spawn(async move {
         while let Some(event) = rx.recv().await {
@@ -151,12 +162,7 @@ async fn main() -> Result<()> {
         tracing::info!("shutting down");
     };
     match args.inherited_fd {
-        Some(fd) => {
-            // SAFETY: the runtime passed this descriptor for the plugin's connection; nothing
-            // else in this process uses it, and run_inherited checks that it is a socket.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            plugin.run_inherited(fd, shutdown).await?;
-        }
+        Some(fd) => plugin.run_inherited(fd, shutdown).await?,
         None => plugin.run(shutdown).await?,
     }
     Ok(())

@@ -4,7 +4,7 @@
 use std::{
     collections::HashMap,
     future::Future,
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::{FromRawFd, OwnedFd, RawFd},
     pin::Pin,
     sync::{Arc, Mutex, PoisonError, RwLock},
     time::{Duration, Instant},
@@ -70,6 +70,9 @@ pub const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5);
 pub const RECONNECT_INITIAL: Duration = Duration::from_millis(100);
 /// Longest delay between reconnection attempts.
 pub const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// Most pods and containers one (split) Synchronize may carry in all; a node runs at most a few
+/// hundred pods, so this only stops a runtime that never sends the last part.
+pub const MAX_SYNC_ITEMS: usize = 65_536;
 /// Bound on tearing down the ttrpc server of a closed connection.
 const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -81,8 +84,8 @@ pub struct Plugin {
 }
 
 struct Shared {
-    name: String,
-    index: String,
+    /// The configuration the plugin was started with (the runtime's drop-in merges into it).
+    config: Config,
     injection: RwLock<Arc<InjectionConfig>>,
     inventory: Arc<dyn Inventory>,
     pinning: Arc<dyn PinningSink>,
@@ -106,11 +109,10 @@ impl Plugin {
     ) -> Result<Self> {
         config.validate("the plugin configuration")?;
         Ok(Self {
-            socket: config.socket,
+            socket: config.socket.clone(),
             shared: Arc::new(Shared {
-                name: config.name,
-                index: config.index,
-                injection: RwLock::new(Arc::new(config.injection)),
+                injection: RwLock::new(Arc::new(config.injection.clone())),
+                config,
                 inventory,
                 pinning,
                 pins: Mutex::default(),
@@ -185,16 +187,9 @@ impl Plugin {
 
     /// Pre-installed mode: serves the socket the runtime passed as a descriptor
     /// (`NRI_PLUGIN_SOCKET`) until the runtime closes it or `shutdown` completes.
-    pub async fn run_inherited(
-        &self,
-        fd: OwnedFd,
-        shutdown: impl Future<Output = ()>,
-    ) -> Result<()> {
-        let raw = fd.as_raw_fd();
-        let inherited = |source| Error::Inherited { fd: raw, source };
-        let std_stream = std::os::unix::net::UnixStream::from(fd);
-        // Fails with ENOTSOCK for a descriptor that is not a socket.
-        std_stream.local_addr().map_err(inherited)?;
+    pub async fn run_inherited(&self, fd: RawFd, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let inherited = |source| Error::Inherited { fd, source };
+        let std_stream = std::os::unix::net::UnixStream::from(inherited_socket(fd)?);
         std_stream.set_nonblocking(true).map_err(inherited)?;
         let stream = UnixStream::from_std(std_stream).map_err(inherited)?;
         self.run_connection(stream, shutdown).await
@@ -252,8 +247,8 @@ impl Plugin {
         F: Future<Output = ()>,
     {
         let mut request = RegisterPluginRequest::new();
-        request.plugin_name.clone_from(&self.shared.name);
-        request.plugin_idx.clone_from(&self.shared.index);
+        request.plugin_name.clone_from(&self.shared.config.name);
+        request.plugin_idx.clone_from(&self.shared.config.index);
         let ctx = ttrpc::context::with_timeout(REGISTRATION_TIMEOUT.as_nanos() as i64);
         tokio::select! {
             () = shutdown.as_mut() => return Ok(End::Shutdown),
@@ -263,7 +258,7 @@ impl Plugin {
             }
         }
         self.shared.status.set_registered();
-        info!(name = %self.shared.name, index = %self.shared.index, "registered with the NRI runtime");
+        info!(name = %self.shared.config.name, index = %self.shared.config.index, "registered with the NRI runtime");
         tokio::select! {
             () = shutdown.as_mut() => Ok(End::Shutdown),
             closed = trunk.closed() => closed.map(|()| End::Closed).map_err(Error::from),
@@ -300,19 +295,18 @@ impl Shared {
         );
         if !req.config.trim().is_empty() {
             let origin = "the runtime's plugin configuration (ConfigureRequest.config)";
-            let config = Config::parse(&req.config, origin)?;
-            config.validate(origin)?;
+            let merged = self.config.merge_runtime(&req.config, origin)?;
             *self
                 .injection
                 .write()
-                .unwrap_or_else(PoisonError::into_inner) = Arc::new(config.injection);
+                .unwrap_or_else(PoisonError::into_inner) = Arc::new(merged);
         }
         let mut response = ConfigureResponse::new();
         response.events = EVENT_MASK;
         Ok(response)
     }
 
-    fn synchronize(&self, req: SynchronizeRequest) -> SynchronizeResponse {
+    fn synchronize(&self, req: SynchronizeRequest) -> Result<SynchronizeResponse> {
         let mut response = SynchronizeResponse::new();
         let (pods, containers) = {
             let mut pending = self
@@ -321,10 +315,17 @@ impl Shared {
                 .unwrap_or_else(PoisonError::into_inner);
             pending.0.extend(req.pods);
             pending.1.extend(req.containers);
+            let items = pending.0.len() + pending.1.len();
+            if items > MAX_SYNC_ITEMS {
+                *pending = Default::default();
+                return Err(Error::Protocol(format!(
+                    "Synchronize sent {items} pods and containers, more than the {MAX_SYNC_ITEMS} accepted"
+                )));
+            }
             if req.more {
                 // Partial request: echo `more` and carry no updates.
                 response.more = true;
-                return response;
+                return Ok(response);
             }
             std::mem::take(&mut *pending)
         };
@@ -351,7 +352,7 @@ impl Shared {
         );
         self.update_pins(|table| table.resync(pins));
         self.status.set_synchronized();
-        response
+        Ok(response)
     }
 
     fn create_container(&self, req: &CreateContainerRequest) -> Result<CreateContainerResponse> {
@@ -400,7 +401,45 @@ impl Shared {
     }
 }
 
-fn pin(pod: &PodSandbox, container: &Container, gpus: &[crate::inventory::Gpu]) -> PinRecord {
+/// Takes ownership of descriptor `fd` after checking that it is an open Unix stream socket (the
+/// runtime's end of the plugin connection), so that a wrong number never adopts another file.
+pub fn inherited_socket(fd: RawFd) -> Result<OwnedFd> {
+    let error = |source| Error::Inherited { fd, source };
+    if fd < 0 {
+        return Err(error(std::io::Error::from_raw_os_error(libc::EBADF)));
+    }
+    let sockopt = |name| {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: value and len point to valid storage of the sizes given.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&raw mut value).cast(),
+                &mut len,
+            )
+        };
+        if rc == 0 {
+            Ok(value)
+        } else {
+            Err(error(std::io::Error::last_os_error()))
+        }
+    };
+    // ENOTSOCK for a descriptor that is not a socket, EBADF for one that is not open.
+    let (domain, kind) = (sockopt(libc::SO_DOMAIN)?, sockopt(libc::SO_TYPE)?);
+    if domain != libc::AF_UNIX || kind != libc::SOCK_STREAM {
+        return Err(error(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not a Unix stream socket (domain {domain}, type {kind})"),
+        )));
+    }
+    // SAFETY: fd is open, and the runtime handed it to this process for the plugin alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn pin(pod: &PodSandbox, container: &Container, gpus: &[mockgpu_api::Gpu]) -> PinRecord {
     PinRecord {
         pod: PodRef {
             namespace: pod.namespace.clone(),
@@ -446,7 +485,7 @@ impl api_ttrpc::Plugin for Handlers {
         req: SynchronizeRequest,
     ) -> RpcResult<SynchronizeResponse> {
         self.0.status.event(EventKind::Synchronize);
-        Ok(self.0.synchronize(req))
+        Ok(self.0.synchronize(req)?)
     }
 
     async fn shutdown(&self, _: &TtrpcContext, _: Empty) -> RpcResult<Empty> {
@@ -505,6 +544,24 @@ impl api_ttrpc::Plugin for Handlers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_unix_stream_sockets_are_inherited() {
+        use std::os::fd::{AsRawFd, IntoRawFd};
+        let err = |fd| inherited_socket(fd).unwrap_err().to_string();
+        assert!(err(-1).contains("fd -1"), "{}", err(-1));
+        let file = std::fs::File::open("/dev/null").unwrap();
+        assert!(
+            err(file.as_raw_fd()).contains("non-socket"),
+            "{}",
+            err(file.as_raw_fd())
+        );
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(err(udp.as_raw_fd()).contains("not a Unix stream socket"));
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = inherited_socket(a.into_raw_fd()).unwrap();
+        drop(fd);
+    }
 
     #[test]
     fn event_mask_has_the_four_bits() {

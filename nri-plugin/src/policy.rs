@@ -2,9 +2,12 @@
 
 use std::path::Path;
 
+use mockgpu_api::Gpu;
+use mockgpu_api::devices::{self, DeviceNode, DeviceNumbers};
+
 use crate::{
-    config::{DEFAULT_DIR, InjectionConfig},
-    inventory::{Gpu, GpuInventory, Inventory},
+    config::InjectionConfig,
+    inventory::{GpuInventory, Inventory},
     proto::api::{
         Container, ContainerAdjustment, ContainerState, KeyValue, LinuxContainerAdjustment,
         LinuxDevice, Mount, OptionalFileMode, PodSandbox,
@@ -39,16 +42,10 @@ pub enum PolicyError {
     },
 }
 
-/// Major number of the NVIDIA GPU and control device nodes.
-pub const NVIDIA_MAJOR: i64 = 195;
-/// Minor number of `/dev/nvidiactl`.
-pub const NVIDIACTL_MINOR: i64 = 255;
 /// Environment variable naming the GPUs a container may use.
 pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
 /// CDI kind of NVIDIA GPUs.
 pub const CDI_GPU_PREFIX: &str = "nvidia.com/gpu=";
-/// The shim, relative to the container mount point.
-pub const SHIM_PATH: &str = "lib/libmockfs.so";
 
 /// How a container names a GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,30 +69,42 @@ pub struct Claim {
     pub source_kind: &'static str,
 }
 
-/// The GPUs a container asks for; empty when it holds none (or is filtered out or opted out).
-pub fn claims(pod: &PodSandbox, container: &Container, config: &InjectionConfig) -> Vec<Claim> {
+/// The GPUs a container asks for, split by whether they count.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claims {
+    /// Claims that count: GPU devices the container holds (granted by Kubernetes: a device
+    /// plugin, a privileged or hostPath device), and in trusted namespaces also
+    /// `NVIDIA_VISIBLE_DEVICES` and the opt-in annotation.
+    pub granted: Vec<Claim>,
+    /// `NVIDIA_VISIBLE_DEVICES` or annotation claims of a pod outside the trusted namespaces:
+    /// ignored, so that no pod can give itself device access it would not have had.
+    pub untrusted: Vec<Claim>,
+}
+
+/// The GPUs a container asks for; none when it holds none (or is filtered out or opted out).
+pub fn claims(pod: &PodSandbox, container: &Container, config: &InjectionConfig) -> Claims {
+    let mut claims = Claims::default();
     if !config.namespaces.is_empty() && !config.namespaces.contains(&pod.namespace) {
-        return Vec::new();
+        return claims;
     }
     if !config.containers.is_empty() && !config.containers.contains(&container.name) {
-        return Vec::new();
+        return claims;
     }
     if pod
         .annotations
         .get(&config.skip_annotation)
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
     {
-        return Vec::new();
+        return claims;
     }
-    let mut claims = Vec::new();
     let devices = container
         .linux
         .as_ref()
         .map(|l| l.devices.as_slice())
         .unwrap_or_default();
     for device in devices {
-        if let Some(minor) = gpu_device_minor(&device.path) {
-            claims.push(Claim {
+        if let Some(minor) = devices::gpu_minor(&device.path) {
+            claims.granted.push(Claim {
                 selector: Selector::Minor(minor),
                 source_kind: "device",
             });
@@ -103,16 +112,17 @@ pub fn claims(pod: &PodSandbox, container: &Container, config: &InjectionConfig)
     }
     for cdi in &container.CDI_devices {
         if let Some(name) = cdi.name.strip_prefix(CDI_GPU_PREFIX) {
-            claims.push(Claim {
+            claims.granted.push(Claim {
                 selector: parse_selector(name),
                 source_kind: "CDI device",
             });
         }
     }
+    let mut asked = Vec::new();
     if let Some(value) = env_value(&container.env, VISIBLE_DEVICES_ENV) {
         let value = value.trim();
         if !matches!(value, "" | "void" | "none") {
-            claims.extend(
+            asked.extend(
                 value
                     .split(',')
                     .map(str::trim)
@@ -129,21 +139,17 @@ pub fn claims(pod: &PodSandbox, container: &Container, config: &InjectionConfig)
         .get(&config.inject_annotation)
         .is_some_and(|names| names.split(',').any(|n| n.trim() == container.name));
     if opted_in {
-        claims.push(Claim {
+        asked.push(Claim {
             selector: Selector::All,
             source_kind: "annotation",
         });
     }
-    claims
-}
-
-/// `/dev/nvidia<N>` → N.
-fn gpu_device_minor(path: &str) -> Option<u32> {
-    let digits = path.strip_prefix("/dev/nvidia")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+    if config.trusted_namespaces.contains(&pod.namespace) {
+        claims.granted.extend(asked);
+    } else {
+        claims.untrusted = asked;
     }
-    digits.parse().ok()
+    claims
 }
 
 fn parse_selector(name: &str) -> Selector {
@@ -226,17 +232,28 @@ pub fn decide(
     inventory: &dyn Inventory,
 ) -> Result<Decision, PolicyError> {
     let claims = claims(pod, container, config);
-    if claims.is_empty() {
+    if !claims.untrusted.is_empty() {
+        tracing::warn!(
+            namespace = %pod.namespace, pod = %pod.name, container = %container.name,
+            by = ?claims.untrusted.iter().map(|c| c.source_kind).collect::<Vec<_>>(),
+            "GPU request ignored: the pod's namespace is not in trusted_namespaces"
+        );
+    }
+    // A real driver serves real GPUs: the container gets them from their real owner.
+    if claims.granted.is_empty() || inventory.real_driver() {
         return Ok(Decision::Untouched);
     }
     let inventory = inventory
         .snapshot()
         .map_err(|not_ready| PolicyError::NotReady {
-            tree: config.host_dir.join("fs").display().to_string(),
+            tree: config.layout().mount_point().display().to_string(),
             reason: not_ready.0,
         })?;
-    let gpus: Vec<Gpu> = resolve(&claims, &inventory)?.into_iter().cloned().collect();
-    let adjustment = adjustment(container, config, &gpus, inventory.uvm_major);
+    let gpus: Vec<Gpu> = resolve(&claims.granted, &inventory)?
+        .into_iter()
+        .cloned()
+        .collect();
+    let adjustment = adjustment(container, config, &gpus, &inventory.devices);
     Ok(Decision::Inject { adjustment, gpus })
 }
 
@@ -253,21 +270,23 @@ pub fn adjustment(
     container: &Container,
     config: &InjectionConfig,
     gpus: &[Gpu],
-    uvm_major: u32,
+    numbers: &DeviceNumbers,
 ) -> ContainerAdjustment {
-    let dest = &config.container_dir;
+    let layout = config.layout();
     let mut adjust = ContainerAdjustment::new();
-    adjust
-        .mounts
-        .push(mount(&config.host_dir, dest, &["rbind", "rslave", "ro"]));
+    adjust.mounts.push(mount(
+        layout.host_dir(),
+        layout.container_dir(),
+        &["rbind", "rslave", "ro"],
+    ));
     if config.ld_so_preload {
         adjust.mounts.push(mount(
-            &config.host_dir.join("ld.so.preload"),
+            &layout.ld_so_preload(),
             Path::new("/etc/ld.so.preload"),
             &["bind", "ro"],
         ));
     }
-    let shim = dest.join(SHIM_PATH).display().to_string();
+    let shim = layout.container_shim().display().to_string();
     let existing = env_value(&container.env, "LD_PRELOAD");
     // Remove first, then set: this overrides an earlier plugin's value without an ownership
     // conflict (the runtime's merge clears the claim on removal).
@@ -275,10 +294,10 @@ pub fn adjustment(
     adjust
         .env
         .push(key_value("LD_PRELOAD", &preload_value(existing, &shim)));
-    if dest != Path::new(DEFAULT_DIR) {
+    if !layout.container_root_is_default() {
         adjust.env.push(key_value(
             "MOCKFS_ROOT",
-            &dest.join("fs").display().to_string(),
+            &layout.container_root().display().to_string(),
         ));
     }
     let present: Vec<&str> = container
@@ -286,21 +305,13 @@ pub fn adjustment(
         .as_ref()
         .map(|l| l.devices.iter().map(|d| d.path.as_str()).collect())
         .unwrap_or_default();
-    let mut devices: Vec<LinuxDevice> = gpus
+    let devices: Vec<LinuxDevice> = gpus
         .iter()
-        .map(|g| {
-            char_device(
-                &format!("/dev/nvidia{}", g.minor),
-                NVIDIA_MAJOR,
-                g.minor.into(),
-            )
-        })
+        .map(|g| DeviceNode::gpu(g.minor))
+        .chain(numbers.control_nodes())
+        .filter(|node| !present.contains(&node.path.as_str()))
+        .map(|node| char_device(&node))
         .collect();
-    let uvm = i64::from(uvm_major);
-    devices.push(char_device("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR));
-    devices.push(char_device("/dev/nvidia-uvm", uvm, 0));
-    devices.push(char_device("/dev/nvidia-uvm-tools", uvm, 1));
-    devices.retain(|d| !present.contains(&d.path.as_str()));
     if !devices.is_empty() {
         let mut linux = LinuxContainerAdjustment::new();
         linux.devices = devices;
@@ -337,14 +348,14 @@ fn key_value(key: &str, value: &str) -> KeyValue {
     kv
 }
 
-fn char_device(path: &str, major: i64, minor: i64) -> LinuxDevice {
+fn char_device(node: &DeviceNode) -> LinuxDevice {
     let mut device = LinuxDevice::new();
-    device.path = path.into();
+    device.path.clone_from(&node.path);
     device.type_ = "c".into();
-    device.major = major;
-    device.minor = minor;
+    device.major = node.major.into();
+    device.minor = node.minor.into();
     let mut mode = OptionalFileMode::new();
-    mode.value = 0o666;
+    mode.value = node.mode;
     device.file_mode = Some(mode).into();
     device
 }
@@ -362,6 +373,15 @@ mod tests {
         }
     }
 
+    /// The majors a host that lists 509 and 510 leaves for the mock.
+    fn numbers() -> DeviceNumbers {
+        let host = mockgpu_api::ProcDevices::parse(
+            "Character devices:\n  1 mem\n384 a\n509 aux\n510 rpmb\n",
+        )
+        .unwrap();
+        DeviceNumbers::choose(&host).unwrap()
+    }
+
     fn inventory() -> Fixed {
         Fixed(Ok(GpuInventory {
             gpus: (0..4)
@@ -369,10 +389,14 @@ mod tests {
                     index: i,
                     minor: i,
                     uuid: format!("GPU-{i}"),
-                    bus_id: format!("0000:0{i}:00.0"),
+                    bus_id: format!("0000:0{i}:00.0").parse().unwrap(),
+                    irq: 0,
+                    socket: 0,
+                    numa_node: -1,
+                    cpus: Default::default(),
                 })
                 .collect(),
-            uvm_major: 510,
+            devices: numbers(),
         }))
     }
 
@@ -418,8 +442,12 @@ mod tests {
         }
     }
 
+    /// The test pods' namespace is trusted.
     fn cfg() -> InjectionConfig {
-        InjectionConfig::default()
+        InjectionConfig {
+            trusted_namespaces: vec!["slurm".into()],
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -536,7 +564,7 @@ mod tests {
         );
         let inv = inventory().0.unwrap();
         let gpus = &inv.gpus[..2];
-        let a = adjustment(&c, &cfg(), gpus, 510);
+        let a = adjustment(&c, &cfg(), gpus, &numbers());
         assert_eq!(a.mounts.len(), 2);
         assert_eq!(
             (
@@ -572,8 +600,8 @@ mod tests {
             [
                 ("/dev/nvidia1", 195, 1),
                 ("/dev/nvidiactl", 195, 255),
-                ("/dev/nvidia-uvm", 510, 0),
-                ("/dev/nvidia-uvm-tools", 510, 1)
+                ("/dev/nvidia-uvm", 385, 0),
+                ("/dev/nvidia-uvm-tools", 385, 1)
             ]
         );
         assert!(
@@ -590,7 +618,7 @@ mod tests {
         config.container_dir = "/opt/mock".into();
         config.host_dir = "/var/lib/mock".into();
         config.ld_so_preload = false;
-        let a = adjustment(&container("c", &[], &[], &[]), &config, &[], 511);
+        let a = adjustment(&container("c", &[], &[], &[]), &config, &[], &numbers());
         assert_eq!(a.mounts.len(), 1);
         assert_eq!(a.mounts[0].source, "/var/lib/mock");
         assert!(
@@ -617,10 +645,71 @@ mod tests {
     }
 
     #[test]
-    fn gpu_device_paths() {
-        assert_eq!(gpu_device_minor("/dev/nvidia12"), Some(12));
-        assert_eq!(gpu_device_minor("/dev/nvidiactl"), None);
-        assert_eq!(gpu_device_minor("/dev/nvidia-uvm"), None);
-        assert_eq!(gpu_device_minor("/dev/nvidia"), None);
+    fn host_majors_are_never_injected() {
+        // The host lists 509 and 510 (where fixed guesses of nvidia-uvm's major land).
+        let inv = inventory().0.unwrap();
+        let c = container("c", &["NVIDIA_VISIBLE_DEVICES=all"], &[], &[]);
+        let Decision::Inject { adjustment, .. } =
+            decide(&pod(&[]), &c, &cfg(), &inventory()).unwrap()
+        else {
+            panic!("not injected")
+        };
+        let majors: Vec<i64> = adjustment.linux.devices.iter().map(|d| d.major).collect();
+        assert_eq!(majors.len(), 7, "{majors:?}");
+        for major in majors {
+            assert!(
+                major == 195 || major == i64::from(inv.devices.uvm),
+                "{major}"
+            );
+            assert!(![1, 384, 509, 510].contains(&major), "{major}");
+        }
+    }
+
+    #[test]
+    fn a_real_driver_means_nothing_is_injected() {
+        struct Real;
+        impl Inventory for Real {
+            fn snapshot(&self) -> Result<GpuInventory, NotReady> {
+                Err(NotReady("no mock tree on a real node".into()))
+            }
+            fn real_driver(&self) -> bool {
+                true
+            }
+        }
+        let c = container("c", &[], &["/dev/nvidia0"], &[]);
+        assert_eq!(
+            decide(&pod(&[]), &c, &cfg(), &Real).unwrap(),
+            Decision::Untouched
+        );
+    }
+
+    #[test]
+    fn untrusted_namespaces_get_nothing_from_env_or_annotation() {
+        let inv = inventory();
+        let mut p = pod(&[("mockgpu.io/inject", "slurmd")]);
+        p.namespace = "tenant".into();
+        let env_only = container("slurmd", &["NVIDIA_VISIBLE_DEVICES=all"], &[], &[]);
+        assert_eq!(
+            decide(&p, &env_only, &cfg(), &inv).unwrap(),
+            Decision::Untouched
+        );
+        let claims = claims(&p, &env_only, &cfg());
+        assert!(claims.granted.is_empty());
+        assert_eq!(claims.untrusted.len(), 2);
+        // The default trusts no namespace at all.
+        let default = InjectionConfig::default();
+        assert_eq!(
+            decide(&pod(&[]), &env_only, &default, &inv).unwrap(),
+            Decision::Untouched
+        );
+        // GPU devices granted by Kubernetes count everywhere; the env cannot widen them.
+        let dev = container(
+            "slurmd",
+            &["NVIDIA_VISIBLE_DEVICES=all"],
+            &["/dev/nvidia2"],
+            &[],
+        );
+        assert_eq!(minors(&decide(&p, &dev, &cfg(), &inv).unwrap()), [2]);
+        assert_eq!(minors(&decide(&p, &dev, &default, &inv).unwrap()), [2]);
     }
 }

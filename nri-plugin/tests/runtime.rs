@@ -109,7 +109,7 @@ async fn external_mode_lifecycle_adjustments_pinning_and_reconnect() {
     let config = Config {
         socket: socket.clone(),
         index: "05".into(),
-        ..Config::default()
+        ..trusted_config()
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let plugin = Arc::new(Plugin::new(config, FixedInventory::gpus(4), Arc::new(tx)).unwrap());
@@ -191,8 +191,8 @@ async fn external_mode_lifecycle_adjustments_pinning_and_reconnect() {
         devices_of(adjust),
         [
             dev("/dev/nvidiactl", 195, 255),
-            dev("/dev/nvidia-uvm", 510, 0),
-            dev("/dev/nvidia-uvm-tools", 510, 1)
+            dev("/dev/nvidia-uvm", 386, 0),
+            dev("/dev/nvidia-uvm-tools", 386, 1)
         ]
     );
     assert_eq!(
@@ -229,8 +229,8 @@ async fn external_mode_lifecycle_adjustments_pinning_and_reconnect() {
         [
             dev("/dev/nvidia1", 195, 1),
             dev("/dev/nvidiactl", 195, 255),
-            dev("/dev/nvidia-uvm", 510, 0),
-            dev("/dev/nvidia-uvm-tools", 510, 1)
+            dev("/dev/nvidia-uvm", 386, 0),
+            dev("/dev/nvidia-uvm-tools", 386, 1)
         ]
     );
     assert_eq!(
@@ -366,7 +366,7 @@ async fn connect_in_process(
 async fn many_gpus_give_a_multi_frame_response_in_small_frames() {
     let (tx, _rx) = mpsc::unbounded_channel();
     let plugin =
-        Arc::new(Plugin::new(Config::default(), FixedInventory::gpus(128), Arc::new(tx)).unwrap());
+        Arc::new(Plugin::new(trusted_config(), FixedInventory::gpus(128), Arc::new(tx)).unwrap());
     let (conn, task) = connect_in_process(plugin, &Handshake::default()).await;
     let conn = conn.unwrap();
     let p = pod("big", &[]);
@@ -397,7 +397,7 @@ async fn not_ready_fails_closed_by_default_and_open_by_configuration() {
     let plain = container(&p, "plain", &[], &[], &[]);
 
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let plugin = Arc::new(Plugin::new(Config::default(), broken.clone(), Arc::new(tx)).unwrap());
+    let plugin = Arc::new(Plugin::new(trusted_config(), broken.clone(), Arc::new(tx)).unwrap());
     let (conn, _task) = connect_in_process(Arc::clone(&plugin), &Handshake::default()).await;
     let conn = conn.unwrap();
     let ttrpc::Error::RpcStatus(status) = conn.create(&p, &gpu).await.unwrap_err() else {
@@ -422,7 +422,7 @@ async fn not_ready_fails_closed_by_default_and_open_by_configuration() {
         ..Handshake::default()
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let plugin = Arc::new(Plugin::new(Config::default(), broken, Arc::new(tx)).unwrap());
+    let plugin = Arc::new(Plugin::new(trusted_config(), broken, Arc::new(tx)).unwrap());
     let (conn, _task) = connect_in_process(Arc::clone(&plugin), &hs).await;
     let conn = conn.unwrap();
     assert_eq!(
@@ -443,7 +443,7 @@ async fn not_ready_fails_closed_by_default_and_open_by_configuration() {
 async fn invalid_runtime_configuration_is_rejected_at_configure() {
     let (tx, _rx) = mpsc::unbounded_channel();
     let plugin =
-        Arc::new(Plugin::new(Config::default(), FixedInventory::gpus(1), Arc::new(tx)).unwrap());
+        Arc::new(Plugin::new(trusted_config(), FixedInventory::gpus(1), Arc::new(tx)).unwrap());
     let hs = Handshake {
         config: "injection:\n  fail_opn: true\n".into(),
         ..Handshake::default()
@@ -495,6 +495,7 @@ async fn preinstalled_binary_on_fd_3() {
         .arg("/srv/mockgpu")
         .arg("--driver-tree")
         .arg(host.join("fs"))
+        .args(["--trusted-namespaces", "slurm"])
         .arg("--health-listen")
         .arg(health.to_string())
         .arg("--log-level")

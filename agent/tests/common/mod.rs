@@ -9,6 +9,10 @@ use mockgpu_api::{
     CpuSet, HostNumaNode, HostPciDevice, HostSocket, HostTopology, NodeTopology, Profile,
 };
 
+/// The fixed host's `/proc/devices`: it uses 509 and 510 (where guesses of nvidia-uvm's major
+/// land) and the first majors of the extended dynamic range.
+pub const HOST_DEVICES: &str = "Character devices:\n  1 mem\n  4 /dev/vc/0\n  4 tty\n 10 misc\n384 first\n509 aux\n510 rpmb\n\nBlock devices:\n  7 loop\n";
+
 /// A fixed two-socket host (CPUs 0-3 and 4-7, one NUMA node each) with two real PCI devices,
 /// one of them at the T4's usual address.
 pub fn fixed_host() -> HostTopology {
@@ -37,6 +41,7 @@ pub fn fixed_host() -> HostTopology {
                 sysfs_path: format!("/sys/devices/pci0000:00/{d}"),
             })
             .collect(),
+        devices: mockgpu_api::ProcDevices::parse(HOST_DEVICES).unwrap(),
     }
 }
 

@@ -17,8 +17,9 @@ use std::{
 
 use async_trait::async_trait;
 use futures::{StreamExt, future, stream};
+use mockgpu_api::{DeviceNumbers, Gpu};
 use mockgpu_nri::{
-    Gpu, GpuInventory, Inventory, NotReady,
+    Config, GpuInventory, Inventory, NotReady,
     mux::Trunk,
     proto::{
         api::{
@@ -355,7 +356,22 @@ impl MockRuntime {
     }
 }
 
-/// A fixed inventory of `n` GPUs (minor = index, UUID `GPU-<n>`), uvm major 510.
+/// The majors of a host that uses 384 and 385: uvm 386, caps 387, IMEX channels 388.
+pub const NUMBERS: DeviceNumbers = DeviceNumbers {
+    uvm: 386,
+    caps: 387,
+    imex_channels: 388,
+};
+
+/// The default configuration with the test pods' namespace (`slurm`) trusted, so that
+/// `NVIDIA_VISIBLE_DEVICES` and the inject annotation count.
+pub fn trusted_config() -> Config {
+    let mut config = Config::default();
+    config.injection.trusted_namespaces = vec!["slurm".into()];
+    config
+}
+
+/// A fixed inventory of `n` GPUs (minor = index, UUID `GPU-<n>`) with [`NUMBERS`].
 pub struct FixedInventory(pub Result<GpuInventory, NotReady>);
 
 impl FixedInventory {
@@ -367,10 +383,14 @@ impl FixedInventory {
                     index: i,
                     minor: i,
                     uuid: format!("GPU-{i:08x}-1111-2222-3333-444444444444"),
-                    bus_id: format!("0000:{:02x}:00.0", i + 1),
+                    bus_id: format!("0000:{:02x}:00.0", i + 1).parse().unwrap(),
+                    irq: 0,
+                    socket: 0,
+                    numa_node: -1,
+                    cpus: Default::default(),
                 })
                 .collect(),
-            uvm_major: 510,
+            devices: NUMBERS,
         })))
     }
 }
@@ -393,6 +413,13 @@ pub fn write_tree(host: &Path, n: u32) {
         )
         .unwrap();
     }
+    let host_devices =
+        mockgpu_api::ProcDevices::parse("Character devices:\n384 a\n385 b\n").unwrap();
+    std::fs::write(
+        host.join("fs/proc/devices"),
+        NUMBERS.merge_into(&host_devices).render(),
+    )
+    .unwrap();
 }
 
 /// A pod in namespace `slurm`.
