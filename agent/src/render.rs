@@ -1,6 +1,6 @@
 //! Renders a node's mock GPUs as the NVIDIA driver's files: `/proc/driver/nvidia`, PCI sysfs,
 //! `/sys/module/nvidia` and the `/dev/nvidia*` nodes, byte for byte as the driver branch of the
-//! profile prints them (see `shared/reference/driver-surface.md`).
+//! profile prints them (see `docs/driver-files.md`).
 
 use std::fmt::Write as _;
 
