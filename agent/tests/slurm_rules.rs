@@ -1,4 +1,4 @@
-//! Parses rendered trees the way Slurm's gpu/nvidia plugin does (reference section 4), with a
+//! Parses rendered trees the way Slurm's gpu/nvidia plugin does (docs/driver-files.md), with a
 //! parser written here independently of the renderer, and checks what Slurm would detect.
 
 mod common;

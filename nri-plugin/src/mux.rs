@@ -5,7 +5,7 @@
 //! Connection 1 carries the Plugin service, connection 2 the Runtime service.
 //!
 //! Frames written here carry at most [`MAX_SEND_FRAME`] bytes including the header, because the
-//! Go runtime reads each frame into a 4096-byte buffer (nri.md §1.3). Inbound frames may carry
+//! Go runtime reads each frame into a 4096-byte buffer (docs/nri.md). Inbound frames may carry
 //! up to [`MAX_RECV_PAYLOAD`] bytes and may be split anywhere by the transport.
 
 use std::{io, sync::Arc};

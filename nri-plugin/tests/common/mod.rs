@@ -1,4 +1,4 @@
-//! A mock NRI runtime (the containerd side of the protocol, nri.md §1.5 and §5.1) plus fixtures.
+//! A mock NRI runtime (the containerd side of the protocol, see docs/nri.md) plus fixtures.
 //!
 //! It serves the Runtime service on connection 2 and calls the Plugin service on connection 1,
 //! sends Configure *before* answering RegisterPlugin, can split Synchronize with `more=true`,
