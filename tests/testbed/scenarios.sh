@@ -178,7 +178,7 @@ start_agent() {
   # shellcheck disable=SC2086 # AGENT_ARGS: extra flags, split on spaces
   spawn agent "$LOGS/agent.log" RUST_LOG=info /opt/mockgpu/mockgpu-agent serve \
     --profile-file /etc/mockgpu/profile.yaml --node-name "$NODE" \
-    --mountpoint /run/mockgpu/fs --nri-socket /run/nri/nri.sock $AGENT_ARGS
+    --dir /run/mockgpu --nri-socket /run/nri/nri.sock --trusted-namespaces default $AGENT_ARGS
   echo "$SPAWNED" > "$ST/agent.pid"
 }
 
