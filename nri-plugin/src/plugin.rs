@@ -564,6 +564,35 @@ mod tests {
     }
 
     #[test]
+    fn a_synchronize_that_never_ends_is_bounded() {
+        struct NoGpus;
+        impl Inventory for NoGpus {
+            fn snapshot(&self) -> Result<crate::GpuInventory, crate::NotReady> {
+                Err(crate::NotReady("none".into()))
+            }
+        }
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let plugin = Plugin::new(Config::default(), Arc::new(NoGpus), Arc::new(tx)).unwrap();
+        let part = |n: usize| {
+            let mut req = SynchronizeRequest::new();
+            req.containers = (0..n).map(|_| Container::new()).collect();
+            req.more = true;
+            req
+        };
+        let chunk = MAX_SYNC_ITEMS / 4;
+        for _ in 0..4 {
+            assert!(plugin.shared.synchronize(part(chunk)).unwrap().more);
+        }
+        let err = plugin.shared.synchronize(part(1)).unwrap_err().to_string();
+        assert!(err.contains("more than the 65536 accepted"), "{err}");
+        // The partial state was dropped: a fresh, complete Synchronize works again.
+        let mut last = part(1);
+        last.more = false;
+        assert!(!plugin.shared.synchronize(last).unwrap().more);
+        assert!(plugin.shared.pending_sync.lock().unwrap().1.is_empty());
+    }
+
+    #[test]
     fn event_mask_has_the_four_bits() {
         assert_eq!(EVENT_MASK, 0x8 | 0x200 | 0x400 | 0x4);
     }
