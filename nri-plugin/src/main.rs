@@ -11,7 +11,8 @@ use std::{
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use mockgpu_nri::{Config, DriverTreeInventory, PinningEvent, Plugin, health::HealthServer};
+use mockgpu_health::{HealthServer, Registry};
+use mockgpu_nri::{Config, DriverTreeInventory, PinningEvent, Plugin};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
@@ -135,12 +136,9 @@ async fn main() -> Result<()> {
     let plugin = Plugin::new(config, inventory, Arc::new(tx))?;
     if let Some(addr) = args.health_listen {
         let server = HealthServer::bind(addr).await?;
-        let status = plugin.status();
-        tokio::spawn(async move {
-            if let Err(err) = server.serve(status, std::future::pending()).await {
-                tracing::error!(%err, "health endpoint stopped");
-            }
-        });
+        let mut registry = Registry::default();
+        plugin.status().register(&mut registry);
+        tokio::spawn(server.serve(plugin.status(), registry, std::future::pending()));
     }
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let shutdown = async move {

@@ -11,9 +11,9 @@ use std::{
 };
 
 use common::*;
+use mockgpu_health::{Probe, Registry};
 use mockgpu_nri::{
-    Config, NotReady, PinningEvent, Plugin,
-    health::Probe,
+    Config, NotReady, PinningEvent, Plugin, PluginStatus,
     plugin::EVENT_MASK,
     proto::api::{ContainerAdjustment, ContainerState, CreateContainerResponse, Event},
 };
@@ -92,6 +92,15 @@ fn pinned_minors(event: &PinningEvent) -> (String, Vec<u32>) {
         } => (container_id.clone(), gpus.iter().map(|g| g.minor).collect()),
         other => panic!("expected Pinned, got {other:?}"),
     }
+}
+
+/// The plugin's metrics as its health endpoint serves them.
+fn metrics_of(status: &PluginStatus) -> String {
+    let mut registry = Registry::default();
+    status.register(&mut registry);
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+    out
 }
 
 fn unpinned_id(event: &PinningEvent) -> String {
@@ -325,8 +334,7 @@ async fn external_mode_lifecycle_adjustments_pinning_and_reconnect() {
         ("app-again".into(), vec![0])
     );
     conn.assert_frames_fit();
-    let mut metrics = String::new();
-    status.metrics(&mut metrics);
+    let metrics = metrics_of(&status);
     assert!(
         metrics.contains("mockgpu_nri_injections_total 5\n"),
         "{metrics}"
@@ -430,13 +438,50 @@ async fn not_ready_fails_closed_by_default_and_open_by_configuration() {
         CreateContainerResponse::new()
     );
     assert!(rx.try_recv().is_err());
-    let mut metrics = String::new();
-    plugin.status().metrics(&mut metrics);
+    let metrics = metrics_of(&plugin.status());
     assert!(
         metrics.contains("mockgpu_nri_errors_total{outcome=\"fail_open\"} 1\n"),
         "{metrics}"
     );
     conn.close().await;
+}
+
+#[tokio::test]
+async fn pinned_gauge_follows_the_pin_table_when_a_pin_changes() {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let plugin =
+        Arc::new(Plugin::new(Config::default(), FixedInventory::gpus(4), Arc::new(tx)).unwrap());
+    let pinned = || {
+        let metrics = metrics_of(&plugin.status());
+        let line = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("mockgpu_nri_pinned_containers "))
+            .unwrap_or_else(|| panic!("no pinned gauge in\n{metrics}"));
+        line.parse::<i64>().unwrap()
+    };
+    let (conn, task) = connect_in_process(Arc::clone(&plugin), &Handshake::default()).await;
+    let conn = conn.unwrap();
+    let p = pod("train", &[]);
+    let worker = container(&p, "worker", &["NVIDIA_VISIBLE_DEVICES=0"], &[], &[]);
+    assert!(conn.create(&p, &worker).await.unwrap().adjust.is_some());
+    assert_eq!(
+        pinned_minors(&next_event(&mut rx).await),
+        ("train-worker".into(), vec![0])
+    );
+    assert_eq!(pinned(), 1);
+    // The same container with other GPUs: a second Pinned event, still one pinned container.
+    let moved = container(&p, "worker", &["NVIDIA_VISIBLE_DEVICES=2,3"], &[], &[]);
+    assert!(conn.create(&p, &moved).await.unwrap().adjust.is_some());
+    assert_eq!(
+        pinned_minors(&next_event(&mut rx).await),
+        ("train-worker".into(), vec![2, 3])
+    );
+    assert_eq!(pinned(), 1);
+    conn.remove(&p, &moved).await;
+    assert_eq!(unpinned_id(&next_event(&mut rx).await), "train-worker");
+    assert_eq!(pinned(), 0);
+    conn.close().await;
+    within("connection end", task).await.unwrap().unwrap();
 }
 
 #[tokio::test]
