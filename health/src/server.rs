@@ -55,6 +55,7 @@ impl Accept for TcpListener {
 #[derive(Debug)]
 pub struct HealthServer<A = TcpListener> {
     acceptor: A,
+    request_timeout: Duration,
 }
 
 impl HealthServer {
@@ -63,7 +64,7 @@ impl HealthServer {
         let acceptor = TcpListener::bind(addr)
             .await
             .map_err(|source| HealthError::Bind { addr, source })?;
-        Ok(Self { acceptor })
+        Ok(Self::new(acceptor))
     }
 
     /// The address actually bound.
@@ -75,7 +76,10 @@ impl HealthServer {
 impl<A: Accept> HealthServer<A> {
     /// A server over connections from `acceptor`.
     pub fn new(acceptor: A) -> Self {
-        Self { acceptor }
+        Self {
+            acceptor,
+            request_timeout: REQUEST_TIMEOUT,
+        }
     }
 
     /// Answers requests until `shutdown` completes, each connection on its own task: readiness
@@ -87,7 +91,11 @@ impl<A: Accept> HealthServer<A> {
         registry: Registry,
         shutdown: impl Future<Output = ()>,
     ) {
-        let endpoint = Arc::new(Endpoint { probe, registry });
+        let endpoint = Arc::new(Endpoint {
+            probe,
+            registry,
+            request_timeout: self.request_timeout,
+        });
         tokio::pin!(shutdown);
         loop {
             let accepted = tokio::select! {
@@ -119,6 +127,7 @@ impl<A: Accept> HealthServer<A> {
 struct Endpoint<P> {
     probe: P,
     registry: Registry,
+    request_timeout: Duration,
 }
 
 /// How reading a request head ended.
@@ -171,9 +180,9 @@ impl Response {
 
 impl<P: Probe> Endpoint<P> {
     async fn handle<S: AsyncRead + AsyncWrite + Unpin>(&self, mut stream: S) -> io::Result<()> {
-        let response = match timeout(REQUEST_TIMEOUT, read_head(&mut stream)).await {
+        let response = match timeout(self.request_timeout, read_head(&mut stream)).await {
             Err(_) => {
-                debug!(timeout = ?REQUEST_TIMEOUT, "health request head not received in time");
+                debug!(timeout = ?self.request_timeout, "health request head not received in time");
                 return Ok(());
             }
             Ok(head) => match head? {
@@ -381,6 +390,19 @@ mod tests {
             request.resize(MAX_REQUEST_HEAD + 1, b'a');
             let refused = exchange(addr, &request).await;
             assert!(refused.starts_with("HTTP/1.1 431 "), "{refused}");
+            let health = get(addr, "GET /healthz").await;
+            assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_client_too_slow_with_its_head_is_dropped_and_the_server_goes_on() {
+        let (mut server, addr) = bound().await;
+        server.request_timeout = Duration::from_millis(100);
+        with_server(server, Fixed(Ok(())), async {
+            let dropped = exchange(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await;
+            assert_eq!(dropped, "", "closed unanswered");
             let health = get(addr, "GET /healthz").await;
             assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
         })
