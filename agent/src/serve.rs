@@ -1,7 +1,6 @@
 //! `mockgpu-agent serve`: the DaemonSet process. Mounts the driver tree over FUSE, installs the
 //! shim, follows profile changes, runs the NRI plugin in-process and answers health checks.
 
-use std::fmt::Write as _;
 use std::fs;
 use std::future::Future;
 use std::io::{self, Read as _};
@@ -15,8 +14,11 @@ use std::time::{Duration, Instant};
 use mockgpu_api::{
     DevicesError, Layout, NodeTopology, ProcDevices, Profile, ProfileError, TopologyError,
 };
-use mockgpu_nri::health::{HealthServer, Probe};
+use mockgpu_health::{HealthServer, Probe, Registry};
 use mockgpu_nri::{GpuInventory, Inventory, NotReady, PinningEvent, Plugin};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::{counter::ConstCounter, gauge::ConstGauge};
 
 use crate::fs::{Mounted, TreeHandle};
 use crate::host::{HostError, SysfsHost};
@@ -100,7 +102,7 @@ pub enum ServeError {
     },
     /// The health endpoint failed.
     #[error(transparent)]
-    Health(#[from] mockgpu_nri::health::HealthError),
+    Health(#[from] mockgpu_health::HealthError),
     /// The NRI plugin failed.
     #[error(transparent)]
     Nri(#[from] mockgpu_nri::Error),
@@ -201,7 +203,6 @@ pub struct AgentState {
     mounted: std::sync::atomic::AtomicBool,
     reloads: AtomicU64,
     reload_errors: AtomicU64,
-    pinned: AtomicU64,
     real_gpus: AtomicU64,
     mount_ms: AtomicU64,
     handle: RwLock<Option<TreeHandle>>,
@@ -243,71 +244,76 @@ impl Probe for AgentState {
             Err("driver tree not mounted".into())
         }
     }
+}
 
-    fn metrics(&self, out: &mut String) {
-        let reads = self
+/// The agent's `mockgpu_*` metrics, read from its state at each scrape.
+struct AgentMetrics(Arc<AgentState>);
+
+impl std::fmt::Debug for AgentMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentMetrics")
+    }
+}
+
+impl Collector for AgentMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let state = &self.0;
+        let relaxed = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let gauges = [
+            ("mockgpu_gpus", "Mock GPUs served", state.gpu_count() as u64),
+            (
+                "mockgpu_real_gpus",
+                "Real GPUs found (report-only mode)",
+                relaxed(&state.real_gpus),
+            ),
+            (
+                "mockgpu_mounted",
+                "Whether the FUSE tree is mounted",
+                u64::from(state.mounted.load(Ordering::Relaxed)),
+            ),
+            (
+                "mockgpu_mount_duration_milliseconds",
+                "Time from start to mounted",
+                relaxed(&state.mount_ms),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(value);
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        let reads = state
             .handle
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map_or(0, TreeHandle::reads);
-        let relaxed = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let metrics = [
+        let counters = [
             (
-                "mockgpu_gpus",
-                "gauge",
-                "Mock GPUs served",
-                self.gpu_count() as u64,
-            ),
-            (
-                "mockgpu_real_gpus",
-                "gauge",
-                "Real GPUs found (report-only mode)",
-                relaxed(&self.real_gpus),
-            ),
-            (
-                "mockgpu_mounted",
-                "gauge",
-                "Whether the FUSE tree is mounted",
-                u64::from(self.mounted.load(Ordering::Relaxed)),
-            ),
-            (
-                "mockgpu_pinned_containers",
-                "gauge",
-                "Containers holding GPUs",
-                relaxed(&self.pinned),
-            ),
-            (
-                "mockgpu_mount_duration_milliseconds",
-                "gauge",
-                "Time from start to mounted",
-                relaxed(&self.mount_ms),
-            ),
-            (
-                "mockgpu_profile_reloads_total",
-                "counter",
+                "mockgpu_profile_reloads",
                 "Profile changes applied",
-                relaxed(&self.reloads),
+                relaxed(&state.reloads),
             ),
             (
-                "mockgpu_profile_reload_errors_total",
-                "counter",
+                "mockgpu_profile_reload_errors",
                 "Profile changes rejected",
-                relaxed(&self.reload_errors),
+                relaxed(&state.reload_errors),
             ),
             (
-                "mockgpu_fuse_reads_total",
-                "counter",
+                "mockgpu_fuse_reads",
                 "Reads that reached the agent (kernel cache misses)",
                 reads,
             ),
         ];
-        for (name, kind, help, value) in metrics {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-            );
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value);
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
         }
+        Ok(())
     }
 }
 
@@ -391,12 +397,15 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     let state = Arc::new(AgentState::default());
     let real_gpus = real::detect(&cfg.procfs, &cfg.sysfs);
     let mut probes: Vec<Arc<dyn Probe>> = vec![state.clone()];
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(AgentMetrics(state.clone())));
     let mut plugin = None;
     let mut pinning_rx = None;
     if let (Some(nri), None) = (cfg.nri.clone(), &real_gpus) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<PinningEvent>();
         let p = Plugin::new(nri, state.clone(), Arc::new(tx))?;
         probes.push(Arc::new(p.status()));
+        p.status().register(&mut registry);
         plugin = Some(p);
         pinning_rx = Some(rx);
     }
@@ -408,7 +417,7 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let health_task = tokio::spawn(health.serve(probes, stopped(stop_rx.clone())));
+    let health_task = tokio::spawn(health.serve(probes, registry, stopped(stop_rx.clone())));
 
     if let Some(gpus) = real_gpus {
         state.real_gpus.store(gpus.len() as u64, Ordering::Relaxed);
@@ -426,10 +435,9 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     }
 
     if let Some(mut rx) = pinning_rx {
-        let st = state.clone();
         tokio::spawn(async move {
             while let Some(event) = rx.recv().await {
-                log_pinning(&st, &event);
+                log_pinning(&event);
             }
         });
     }
@@ -548,8 +556,9 @@ fn reload_loop(
     }
 }
 
-/// Logs a pinning event and keeps the pinned-container gauge.
-fn log_pinning(state: &AgentState, event: &PinningEvent) {
+/// Logs a pinning event (the pinned-container gauge, `mockgpu_nri_pinned_containers`, follows the
+/// plugin's pin table).
+fn log_pinning(event: &PinningEvent) {
     match event {
         PinningEvent::Pinned {
             pod,
@@ -557,7 +566,6 @@ fn log_pinning(state: &AgentState, event: &PinningEvent) {
             gpus,
             ..
         } => {
-            state.pinned.fetch_add(1, Ordering::Relaxed);
             let minors: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
             tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %container_name, ?minors, "container pinned to GPUs");
         }
@@ -566,10 +574,50 @@ fn log_pinning(state: &AgentState, event: &PinningEvent) {
             container_name,
             ..
         } => {
-            let _ = state
-                .pinned
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
             tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %container_name, "container unpinned");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_metrics_are_named_and_counted() {
+        let state = Arc::new(AgentState::default());
+        state.reloads.store(2, Ordering::Relaxed);
+        state.reload_errors.store(1, Ordering::Relaxed);
+        state.mount_ms.store(42, Ordering::Relaxed);
+        state.mounted.store(true, Ordering::Release);
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(AgentMetrics(state)));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        for line in [
+            "# TYPE mockgpu_gpus gauge",
+            "mockgpu_gpus 0",
+            "mockgpu_real_gpus 0",
+            "mockgpu_mounted 1",
+            "mockgpu_mount_duration_milliseconds 42",
+            "# TYPE mockgpu_profile_reloads counter",
+            "mockgpu_profile_reloads_total 2",
+            "mockgpu_profile_reload_errors_total 1",
+            "mockgpu_fuse_reads_total 0",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line:?} missing in\n{out}");
+        }
+        assert!(out.ends_with("\n# EOF\n"), "{out}");
+    }
+
+    #[test]
+    fn agent_is_ready_once_mounted_or_on_a_real_gpu_node() {
+        let state = AgentState::default();
+        assert_eq!(state.ready(), Err("driver tree not mounted".into()));
+        state.mounted.store(true, Ordering::Release);
+        assert_eq!(state.ready(), Ok(()));
+        let real = AgentState::default();
+        real.real_gpus.store(8, Ordering::Relaxed);
+        assert_eq!(real.ready(), Ok(()));
     }
 }

@@ -10,7 +10,9 @@
 //!
 //! let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PinningEvent>();
 //! let plugin = Plugin::new(Config::default(), inventory, Arc::new(tx))?;
-//! let status = plugin.status(); // a health::Probe: /readyz and /metrics
+//! let status = plugin.status(); // a mockgpu_health::Probe (/readyz)
+//! let mut registry = prometheus_client::registry::Registry::default();
+//! status.register(&mut registry); // mockgpu_nri_* on /metrics
 //! tokio::spawn(async move { while let Some(event) = rx.recv().await { /* report */ } });
 //! plugin.run(tokio::signal::ctrl_c().map(|_| ())).await
 //! # }
@@ -19,7 +21,6 @@
 
 pub mod config;
 pub mod error;
-pub mod health;
 pub mod inventory;
 pub mod mux;
 pub mod pinning;

@@ -5,9 +5,8 @@ use std::{fs::OpenOptions, net::SocketAddr, path::PathBuf, sync::Arc};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use mockgpu_nri::{
-    Config, DriverTreeInventory, Inventory, PinningEvent, Plugin, health::HealthServer,
-};
+use mockgpu_health::{HealthServer, Registry};
+use mockgpu_nri::{Config, DriverTreeInventory, Inventory, PinningEvent, Plugin};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
@@ -146,12 +145,12 @@ async fn main() -> Result<()> {
     let plugin = Plugin::new(config, inventory, Arc::new(tx))?;
     if let Some(addr) = args.health_listen {
         let server = HealthServer::bind(addr).await?;
-        let status = plugin.status();
-        tokio::spawn(async move {
-            if let Err(err) = server.serve(status, std::future::pending()).await {
-                tracing::error!(%err, "health endpoint stopped");
-            }
-        });
+        if let Ok(addr) = server.local_addr() {
+            tracing::info!(%addr, "health endpoint listening");
+        }
+        let mut registry = Registry::default();
+        plugin.status().register(&mut registry);
+        tokio::spawn(server.serve(plugin.status(), registry, std::future::pending()));
     }
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let shutdown = async move {

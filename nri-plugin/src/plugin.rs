@@ -122,7 +122,8 @@ impl Plugin {
         })
     }
 
-    /// Readiness and metrics handle (implements [`Probe`](crate::health::Probe)).
+    /// Readiness and metrics handle (a [`Probe`](mockgpu_health::Probe); see
+    /// [`PluginStatus::register`]).
     pub fn status(&self) -> PluginStatus {
         self.shared.status.clone()
     }

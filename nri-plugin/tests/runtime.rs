@@ -11,9 +11,9 @@ use std::{
 };
 
 use common::*;
+use mockgpu_health::{Probe, Registry};
 use mockgpu_nri::{
-    Config, NotReady, PinningEvent, Plugin,
-    health::Probe,
+    Config, NotReady, PinningEvent, Plugin, PluginStatus,
     plugin::EVENT_MASK,
     proto::api::{ContainerAdjustment, ContainerState, CreateContainerResponse, Event},
 };
@@ -92,6 +92,15 @@ fn pinned_minors(event: &PinningEvent) -> (String, Vec<u32>) {
         } => (container_id.clone(), gpus.iter().map(|g| g.minor).collect()),
         other => panic!("expected Pinned, got {other:?}"),
     }
+}
+
+/// The plugin's metrics as its health endpoint serves them.
+fn metrics_of(status: &PluginStatus) -> String {
+    let mut registry = Registry::default();
+    status.register(&mut registry);
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+    out
 }
 
 fn unpinned_id(event: &PinningEvent) -> String {
@@ -325,8 +334,7 @@ async fn external_mode_lifecycle_adjustments_pinning_and_reconnect() {
         ("app-again".into(), vec![0])
     );
     conn.assert_frames_fit();
-    let mut metrics = String::new();
-    status.metrics(&mut metrics);
+    let metrics = metrics_of(&status);
     assert!(
         metrics.contains("mockgpu_nri_injections_total 5\n"),
         "{metrics}"
@@ -430,13 +438,50 @@ async fn not_ready_fails_closed_by_default_and_open_by_configuration() {
         CreateContainerResponse::new()
     );
     assert!(rx.try_recv().is_err());
-    let mut metrics = String::new();
-    plugin.status().metrics(&mut metrics);
+    let metrics = metrics_of(&plugin.status());
     assert!(
         metrics.contains("mockgpu_nri_errors_total{outcome=\"fail_open\"} 1\n"),
         "{metrics}"
     );
     conn.close().await;
+}
+
+#[tokio::test]
+async fn pinned_gauge_follows_the_pin_table_when_a_pin_changes() {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let plugin =
+        Arc::new(Plugin::new(trusted_config(), FixedInventory::gpus(4), Arc::new(tx)).unwrap());
+    let pinned = || {
+        let metrics = metrics_of(&plugin.status());
+        let line = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("mockgpu_nri_pinned_containers "))
+            .unwrap_or_else(|| panic!("no pinned gauge in\n{metrics}"));
+        line.parse::<i64>().unwrap()
+    };
+    let (conn, task) = connect_in_process(Arc::clone(&plugin), &Handshake::default()).await;
+    let conn = conn.unwrap();
+    let p = pod("train", &[]);
+    let worker = container(&p, "worker", &["NVIDIA_VISIBLE_DEVICES=0"], &[], &[]);
+    assert!(conn.create(&p, &worker).await.unwrap().adjust.is_some());
+    assert_eq!(
+        pinned_minors(&next_event(&mut rx).await),
+        ("train-worker".into(), vec![0])
+    );
+    assert_eq!(pinned(), 1);
+    // The same container with other GPUs: a second Pinned event, still one pinned container.
+    let moved = container(&p, "worker", &["NVIDIA_VISIBLE_DEVICES=2,3"], &[], &[]);
+    assert!(conn.create(&p, &moved).await.unwrap().adjust.is_some());
+    assert_eq!(
+        pinned_minors(&next_event(&mut rx).await),
+        ("train-worker".into(), vec![2, 3])
+    );
+    assert_eq!(pinned(), 1);
+    conn.remove(&p, &moved).await;
+    assert_eq!(unpinned_id(&next_event(&mut rx).await), "train-worker");
+    assert_eq!(pinned(), 0);
+    conn.close().await;
+    within("connection end", task).await.unwrap().unwrap();
 }
 
 #[tokio::test]
@@ -476,10 +521,6 @@ async fn preinstalled_binary_on_fd_3() {
     let host = dir.path().join("host");
     write_tree(&host, 2);
     let log = dir.path().join("plugin.log");
-    let health = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
     let fd = theirs.as_raw_fd();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_mockgpu-nri"));
@@ -496,8 +537,7 @@ async fn preinstalled_binary_on_fd_3() {
         .arg("--driver-tree")
         .arg(host.join("fs"))
         .args(["--trusted-namespaces", "slurm"])
-        .arg("--health-listen")
-        .arg(health.to_string())
+        .args(["--health-listen", "127.0.0.1:0"])
         .arg("--log-level")
         .arg("debug")
         .stdin(Stdio::null())
@@ -538,6 +578,25 @@ async fn preinstalled_binary_on_fd_3() {
     assert_eq!(adjust.mounts[0].destination, "/run/mockgpu");
     assert_eq!(devices_of(adjust)[0], dev("/dev/nvidiactl", 195, 255));
     conn.assert_frames_fit();
+    // The plugin bound port 0 and logged the address it got.
+    let health: std::net::SocketAddr = within("the health address in the log", async {
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(addr) = text.lines().find_map(|l| {
+                let rest = l.split("health endpoint listening").nth(1)?;
+                rest.split("addr=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            }) {
+                return addr;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
     let ready = http_get(health, "/readyz").await;
     assert!(ready.starts_with("HTTP/1.1 200 OK"), "{ready}");
     let metrics = http_get(health, "/metrics").await;
