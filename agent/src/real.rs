@@ -58,7 +58,9 @@ mod tests {
 
     #[test]
     fn parses_a_rendered_tree_as_if_it_were_real() {
-        let host = crate::host::SysfsHost::default().probe().unwrap();
+        // A fake two-socket host (CPUs 0-3 and 4-7), never this machine's /sys.
+        let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/two-socket");
+        let host = crate::host::SysfsHost::new(sysfs).probe().unwrap();
         let profile = mockgpu_api::Profile::builtin("h100").unwrap();
         let topo = mockgpu_api::NodeTopology::build(&profile, "n", &host).unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -66,13 +68,16 @@ mod tests {
         crate::output::write_tree(&crate::render::driver_tree(&topo, &host), &out).unwrap();
         let gpus = detect(&out.join("proc"), &out.join("sys")).unwrap();
         assert_eq!(gpus.len(), 8);
-        assert_eq!(gpus[3].minor, Some(3));
+        let minors: Vec<_> = gpus.iter().map(|g| g.minor).collect();
+        assert_eq!(minors, (0..8).map(Some).collect::<Vec<_>>());
         assert_eq!(gpus[0].model, "NVIDIA H100 80GB HBM3");
-        assert_eq!(gpus[0].uuid, topo.gpus[0].uuid);
-        assert_eq!(
-            gpus[0].local_cpulist.as_deref(),
-            Some(host.cpus.to_list().as_str())
-        );
+        for (g, t) in gpus.iter().zip(&topo.gpus) {
+            assert_eq!(g.uuid, t.uuid);
+            assert_eq!(g.bus_id, t.bus_id.to_string());
+        }
+        // The h100 profile puts four GPUs on each socket.
+        assert_eq!(gpus[0].local_cpulist.as_deref(), Some("0-3"));
+        assert_eq!(gpus[7].local_cpulist.as_deref(), Some("4-7"));
         assert!(detect(dir.path(), dir.path()).is_none());
     }
 }

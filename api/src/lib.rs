@@ -9,7 +9,7 @@ pub mod profile;
 pub mod topology;
 
 pub use busid::{BusId, BusIdError};
-pub use cpuset::{CpuListError, CpuSet};
+pub use cpuset::{CpuListError, CpuSet, MAX_CPUS};
 pub use profile::{Arch, DriverVersion, Profile, ProfileError, ProfileSpec};
 pub use topology::{
     Gpu, HostNumaNode, HostPciDevice, HostSocket, HostTopology, NodeTopology, TopologyError,

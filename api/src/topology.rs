@@ -3,7 +3,11 @@
 //! [`NodeTopology::build`] is a pure, deterministic function of (profile, node name, host):
 //! the same inputs give the same UUIDs, bus ids, minors and CPU affinities on any machine.
 
-use crate::{BusId, CpuSet, Profile};
+use crate::{BusId, CpuSet, MAX_CPUS, Profile};
+
+/// NUMA node ids are at most this (Linux allows 1024 nodes at most; ids stay far below
+/// `i32::MAX`, the type of `numa_node`).
+pub const MAX_NUMA_NODE: u32 = 65_535;
 
 /// One CPU socket (physical package) of the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +60,16 @@ pub enum TopologyError {
     /// The host reported no CPUs.
     #[error("the host reports no online CPUs")]
     NoCpus,
+    /// A CPU id, the possible-CPU count or a NUMA node id of the host is too large.
+    #[error("host {what} {value} is out of range (at most {max})")]
+    HostRange {
+        /// Which number.
+        what: &'static str,
+        /// Its value.
+        value: u32,
+        /// The largest accepted value.
+        max: u32,
+    },
     /// No free bus is left for a GPU.
     #[error("no free PCI bus left for GPU {0}")]
     NoFreeBus(u32),
@@ -112,6 +126,7 @@ impl NodeTopology {
         if host.cpus.is_empty() {
             return Err(TopologyError::NoCpus);
         }
+        check_ranges(host)?;
         let whole_host = [HostSocket {
             id: 0,
             cpus: host.cpus.clone(),
@@ -158,11 +173,35 @@ impl NodeTopology {
             node_name: node_name.to_string(),
             profile: profile.clone(),
             gpus,
+            // No overflow: `check_ranges` keeps every CPU id below `MAX_CPUS`.
             nr_cpu_ids: host
                 .nr_cpu_ids
-                .max(host.cpus.iter().last().unwrap_or(0) + 1),
+                .max(host.cpus.last().map_or(0, |last| last + 1)),
         })
     }
+}
+
+/// Rejects host numbers that later arithmetic (`id + 1`, masks of `nr_cpu_ids` bits, `numa_node`
+/// as `i32`) cannot take.
+fn check_ranges(host: &HostTopology) -> Result<(), TopologyError> {
+    let range = |what, value: u32, max: u32| {
+        if value > max {
+            Err(TopologyError::HostRange { what, value, max })
+        } else {
+            Ok(())
+        }
+    };
+    range("possible cpu count", host.nr_cpu_ids, MAX_CPUS)?;
+    let sets = std::iter::once(&host.cpus)
+        .chain(host.sockets.iter().map(|s| &s.cpus))
+        .chain(host.numa_nodes.iter().map(|n| &n.cpus));
+    for cpus in sets {
+        range("cpu id", cpus.last().unwrap_or(0), MAX_CPUS - 1)?;
+    }
+    for node in &host.numa_nodes {
+        range("numa node id", node.id, MAX_NUMA_NODE)?;
+    }
+    Ok(())
 }
 
 /// The bus after `id` (same domain), slot 0 function 0; wraps into the next domain.
@@ -324,5 +363,42 @@ mod tests {
             NodeTopology::build(&p, "n", &HostTopology::default()),
             Err(TopologyError::NoCpus)
         );
+    }
+
+    #[test]
+    fn out_of_range_host_numbers_are_errors() {
+        let p = Profile::builtin("t4").unwrap();
+        let range = |what, value, max| Err(TopologyError::HostRange { what, value, max });
+        let mut h = host(&[(0, 0..2)], &[(0, 0..2)]);
+        h.cpus = CpuSet::from_ids([0, 1, u32::MAX]);
+        assert_eq!(
+            NodeTopology::build(&p, "n", &h),
+            range("cpu id", u32::MAX, MAX_CPUS - 1)
+        );
+        let mut h = host(&[(0, 0..2)], &[(0, 0..2)]);
+        h.sockets[0].cpus = CpuSet::from_ids([MAX_CPUS]);
+        assert_eq!(
+            NodeTopology::build(&p, "n", &h),
+            range("cpu id", MAX_CPUS, MAX_CPUS - 1)
+        );
+        let mut h = host(&[(0, 0..2)], &[(0, 0..2)]);
+        h.nr_cpu_ids = u32::MAX;
+        assert_eq!(
+            NodeTopology::build(&p, "n", &h),
+            range("possible cpu count", u32::MAX, MAX_CPUS)
+        );
+        let mut h = host(&[(0, 0..2)], &[(0, 0..2)]);
+        h.numa_nodes[0].id = u32::MAX;
+        let e = NodeTopology::build(&p, "n", &h).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "host numa node id 4294967295 is out of range (at most 65535)"
+        );
+        // The largest accepted ids work, and the mask width follows the highest CPU.
+        let mut h = host(&[(0, 0..2)], &[(0, 0..2)]);
+        h.cpus = CpuSet::from_ids([0, MAX_CPUS - 1]);
+        h.sockets[0].cpus = h.cpus.clone();
+        let t = NodeTopology::build(&p, "n", &h).unwrap();
+        assert_eq!(t.nr_cpu_ids, MAX_CPUS);
     }
 }
