@@ -221,7 +221,14 @@ mod tests {
         )
     }
 
-    fn lists(sets: impl IntoIterator<Item = CpuSet>) -> Vec<String> {
+    fn pci_paths(h: &HostTopology) -> Vec<&str> {
+        h.pci_devices
+            .iter()
+            .map(|d| d.sysfs_path.as_str())
+            .collect()
+    }
+
+    fn lists<'a>(sets: impl IntoIterator<Item = &'a CpuSet>) -> Vec<String> {
         sets.into_iter().map(|s| s.to_list()).collect()
     }
 
@@ -232,18 +239,10 @@ mod tests {
         assert_eq!(h.nr_cpu_ids, 16);
         let ids: Vec<_> = h.sockets.iter().map(|s| s.id).collect();
         assert_eq!(ids, [0, 1]);
-        assert_eq!(lists(h.sockets.into_iter().map(|s| s.cpus)), ["0-3", "4-7"]);
+        assert_eq!(lists(h.sockets.iter().map(|s| &s.cpus)), ["0-3", "4-7"]);
+        assert_eq!(lists(h.numa_nodes.iter().map(|n| &n.cpus)), ["0-3", "4-7"]);
         assert_eq!(
-            lists(h.numa_nodes.into_iter().map(|n| n.cpus)),
-            ["0-3", "4-7"]
-        );
-        let paths: Vec<_> = h
-            .pci_devices
-            .iter()
-            .map(|d| d.sysfs_path.as_str())
-            .collect();
-        assert_eq!(
-            paths,
+            pci_paths(&h),
             [
                 "/sys/devices/pci0000:00/0000:00:00.0",
                 "/sys/devices/pci0000:00/0000:00:1e.0"
@@ -256,13 +255,13 @@ mod tests {
         let h = fixture("four-numa").probe().unwrap();
         assert_eq!(h.nr_cpu_ids, 16);
         assert_eq!(
-            lists(h.sockets.into_iter().map(|s| s.cpus)),
+            lists(h.sockets.iter().map(|s| &s.cpus)),
             ["0-3,8-11", "4-7,12-15"]
         );
         let ids: Vec<_> = h.numa_nodes.iter().map(|n| n.id).collect();
         assert_eq!(ids, [0, 1, 2, 3]);
         assert_eq!(
-            lists(h.numa_nodes.into_iter().map(|n| n.cpus)),
+            lists(h.numa_nodes.iter().map(|n| &n.cpus)),
             ["0-1,8-9", "2-3,10-11", "4-5,12-13", "6-7,14-15"]
         );
     }
@@ -340,13 +339,8 @@ mod tests {
         )
         .unwrap();
         let h = SysfsHost::new(r).probe().unwrap();
-        let paths: Vec<_> = h
-            .pci_devices
-            .iter()
-            .map(|d| d.sysfs_path.as_str())
-            .collect();
         assert_eq!(
-            paths,
+            pci_paths(&h),
             [
                 "/sys/devices/pci0000:00/0000:00:03.0/0000:01:00.0",
                 "/sys/devices/pci0000:40/0000:40:00.0"

@@ -31,53 +31,67 @@ fn power(profile: &Profile) -> String {
     common::text(&tree, &format!("{PROC}/gpus/{}/power", topo.gpus[0].bus_id))
 }
 
+/// `information` as the driver prints it, one literal line per field.
+struct Information<'a> {
+    model: &'a str,
+    irq: u32,
+    vbios: &'a str,
+    dma_bits: u32,
+    dma_mask: &'a str,
+    bus: &'a str,
+    minor: u32,
+    /// The `GPU Firmware:` value, when the line is printed.
+    firmware: Option<&'a str>,
+}
+
+impl Information<'_> {
+    fn text(&self, uuid: &str) -> String {
+        let firmware = self
+            .firmware
+            .map(|f| format!("GPU Firmware: \t {f}\n"))
+            .unwrap_or_default();
+        format!(
+            "Model: \t\t {}\n\
+             IRQ:   \t\t {}\n\
+             GPU UUID: \t {uuid}\n\
+             Video BIOS: \t {}\n\
+             Bus Type: \t PCIe\n\
+             DMA Size: \t {} bits\n\
+             DMA Mask: \t {}\n\
+             Bus Location: \t {}\n\
+             Device Minor: \t {}\n\
+             {firmware}\
+             GPU Excluded:\t No\n",
+            self.model, self.irq, self.vbios, self.dma_bits, self.dma_mask, self.bus, self.minor
+        )
+    }
+}
+
 #[test]
-fn information_of_the_proprietary_module_before_590_44_has_no_firmware_line() {
-    for driver in ["580.105.08", "590.43.02"] {
+fn information_of_the_proprietary_module_says_firmware_na_only_from_590_44() {
+    for (driver, firmware) in [
+        ("580.105.08", None),
+        ("590.43.02", None),
+        ("590.44.01", Some("N/A")),
+        ("595.91.07", Some("N/A")),
+    ] {
         let p = profile(
             "t4",
             &format!("open_kernel_module: false\ndriver_version: {driver}\n"),
         );
         let (got, uuid) = information(&p, 0);
         // The T4's usual 0000:00:1e.0 is a real device on the fixed host: the GPU moves to bus 1.
-        let want = format!(
-            "Model: \t\t Tesla T4\n\
-             IRQ:   \t\t 180\n\
-             GPU UUID: \t {uuid}\n\
-             Video BIOS: \t 90.04.96.00.02\n\
-             Bus Type: \t PCIe\n\
-             DMA Size: \t 47 bits\n\
-             DMA Mask: \t 0x7fffffffffff\n\
-             Bus Location: \t 0000:01:00.0\n\
-             Device Minor: \t 0\n\
-             GPU Excluded:\t No\n"
-        );
-        assert_eq!(got, want, "{driver}");
-    }
-}
-
-#[test]
-fn information_of_the_proprietary_module_from_590_44_says_firmware_na() {
-    for driver in ["590.44.01", "595.91.07"] {
-        let p = profile(
-            "t4",
-            &format!("open_kernel_module: false\ndriver_version: {driver}\n"),
-        );
-        let (got, uuid) = information(&p, 0);
-        let want = format!(
-            "Model: \t\t Tesla T4\n\
-             IRQ:   \t\t 180\n\
-             GPU UUID: \t {uuid}\n\
-             Video BIOS: \t 90.04.96.00.02\n\
-             Bus Type: \t PCIe\n\
-             DMA Size: \t 47 bits\n\
-             DMA Mask: \t 0x7fffffffffff\n\
-             Bus Location: \t 0000:01:00.0\n\
-             Device Minor: \t 0\n\
-             GPU Firmware: \t N/A\n\
-             GPU Excluded:\t No\n"
-        );
-        assert_eq!(got, want, "{driver}");
+        let want = Information {
+            model: "Tesla T4",
+            irq: 180,
+            vbios: "90.04.96.00.02",
+            dma_bits: 47,
+            dma_mask: "0x7fffffffffff",
+            bus: "0000:01:00.0",
+            minor: 0,
+            firmware,
+        };
+        assert_eq!(got, want.text(&uuid), "{driver}");
     }
 }
 
@@ -87,40 +101,34 @@ fn information_of_the_open_module_names_the_gsp_firmware() {
     for driver in ["570.148.08", "580.105.08", "595.91.07"] {
         let p = profile("h100", &format!("driver_version: {driver}\n"));
         let (got, uuid) = information(&p, 3);
-        let want = format!(
-            "Model: \t\t NVIDIA H100 80GB HBM3\n\
-             IRQ:   \t\t 228\n\
-             GPU UUID: \t {uuid}\n\
-             Video BIOS: \t 96.00.99.00.01\n\
-             Bus Type: \t PCIe\n\
-             DMA Size: \t 52 bits\n\
-             DMA Mask: \t 0xfffffffffffff\n\
-             Bus Location: \t 0000:86:00.0\n\
-             Device Minor: \t 3\n\
-             GPU Firmware: \t {driver}\n\
-             GPU Excluded:\t No\n"
-        );
-        assert_eq!(got, want, "{driver}");
+        let want = Information {
+            model: "NVIDIA H100 80GB HBM3",
+            irq: 228,
+            vbios: "96.00.99.00.01",
+            dma_bits: 52,
+            dma_mask: "0xfffffffffffff",
+            bus: "0000:86:00.0",
+            minor: 3,
+            firmware: Some(driver),
+        };
+        assert_eq!(got, want.text(&uuid), "{driver}");
     }
 }
 
 #[test]
 fn information_prints_the_vbios_in_lowercase_and_the_domain_in_four_digits() {
     let (got, uuid) = information(&Profile::builtin("gb300").unwrap(), 1);
-    let want = format!(
-        "Model: \t\t NVIDIA GB300\n\
-         IRQ:   \t\t 196\n\
-         GPU UUID: \t {uuid}\n\
-         Video BIOS: \t 97.10.4a.00.1a\n\
-         Bus Type: \t PCIe\n\
-         DMA Size: \t 52 bits\n\
-         DMA Mask: \t 0xfffffffffffff\n\
-         Bus Location: \t 0009:06:00.0\n\
-         Device Minor: \t 1\n\
-         GPU Firmware: \t 580.173.02\n\
-         GPU Excluded:\t No\n"
-    );
-    assert_eq!(got, want);
+    let want = Information {
+        model: "NVIDIA GB300",
+        irq: 196,
+        vbios: "97.10.4a.00.1a",
+        dma_bits: 52,
+        dma_mask: "0xfffffffffffff",
+        bus: "0009:06:00.0",
+        minor: 1,
+        firmware: Some("580.173.02"),
+    };
+    assert_eq!(got, want.text(&uuid));
     // The UUID line is `GPU-` and 8-4-4-4-12 lowercase hex digits.
     let groups: Vec<_> = uuid.strip_prefix("GPU-").unwrap().split('-').collect();
     let lens: Vec<_> = groups.iter().map(|g| g.len()).collect();
