@@ -29,8 +29,9 @@ mod tests {
 
     #[test]
     fn parses_a_rendered_tree_as_if_it_were_real() {
-        let mut host = crate::host::SysfsHost::default().probe().unwrap();
-        host.devices = mockgpu_api::ProcDevices::default();
+        // A fake two-socket host (CPUs 0-3 and 4-7), never this machine's /sys.
+        let sysfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/two-socket");
+        let host = crate::host::SysfsHost::new(sysfs).probe().unwrap();
         let profile = mockgpu_api::Profile::builtin("h100").unwrap();
         let topo = mockgpu_api::NodeTopology::build(&profile, "n", &host).unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -38,10 +39,17 @@ mod tests {
         crate::output::write_tree(&crate::render::driver_tree(&topo, &host), &out).unwrap();
         let gpus = detect(&out.join("proc"), &out.join("sys")).unwrap();
         assert_eq!(gpus.len(), 8);
-        assert_eq!(gpus[3].gpu.minor, 3);
+        let minors: Vec<_> = gpus.iter().map(|g| g.gpu.minor).collect();
+        assert_eq!(minors, (0..8).collect::<Vec<_>>());
         assert_eq!(gpus[0].information.model, "NVIDIA H100 80GB HBM3");
-        assert_eq!(gpus[0].gpu, topo.gpus[0]);
-        assert_eq!(gpus[0].gpu.cpus, host.cpus);
+        for (g, t) in gpus.iter().zip(&topo.gpus) {
+            assert_eq!(g.gpu.uuid, t.uuid);
+            assert_eq!(g.gpu.bus_id, t.bus_id);
+            assert_eq!(g.gpu.numa_node, t.numa_node);
+        }
+        // The h100 profile puts four GPUs on each socket.
+        assert_eq!(gpus[0].gpu.cpus.to_list(), "0-3");
+        assert_eq!(gpus[7].gpu.cpus.to_list(), "4-7");
         assert!(detect(dir.path(), dir.path()).is_none());
     }
 }

@@ -227,22 +227,24 @@ fn link_speed(gen_: u8) -> &'static str {
     }
 }
 
-/// The GPU's three memory BARs: (start, size, flags).
+/// The GPU's three memory BARs: (start, size, flags). BAR0 (registers, 16 MiB, 32-bit) sits below
+/// 4 GiB; BAR1 (memory aperture, the memory size rounded up to a power of two) and BAR3 (32 MiB)
+/// share one 64-bit window per GPU, twice the larger of them and at least 1 TiB, so windows
+/// never overlap and every BAR is aligned to its size. With 16 TiB per GPU and 64 GPUs the
+/// windows end near 2 PiB, far from overflowing.
 fn bars(p: &Profile, gpu: &Gpu) -> [(u64, u64, u64); 3] {
+    const BAR0_BASE: u64 = 0x9000_0000;
+    const BAR0_SIZE: u64 = 16 << 20;
+    const BAR3_SIZE: u64 = 32 << 20;
+    const WINDOW_BASE: u64 = 0x2000_0000_0000;
     let i = u64::from(gpu.index);
     let bar1_size = (p.memory_mib << 20).next_power_of_two();
+    let half = bar1_size.max(BAR3_SIZE);
+    let window = WINDOW_BASE + i * (2 * half).max(1 << 40);
     [
-        (0x9000_0000 + i * 0x0200_0000, 16 << 20, 0x0004_0200),
-        (
-            0x2000_0000_0000 + i * 0x100_0000_0000,
-            bar1_size,
-            0x0014_220c,
-        ),
-        (
-            0x2000_0000_0000 + i * 0x100_0000_0000 + bar1_size,
-            32 << 20,
-            0x0014_220c,
-        ),
+        (BAR0_BASE + i * BAR0_SIZE, BAR0_SIZE, 0x0004_0200),
+        (window, bar1_size, 0x0014_220c),
+        (window + half, BAR3_SIZE, 0x0014_220c),
     ]
 }
 
@@ -347,6 +349,90 @@ mod tests {
                 cpus: CpuSet::from_ids(0..2),
             }],
             ..Default::default()
+        }
+    }
+
+    fn file<'a>(t: &'a Tree, path: &str) -> &'a [u8] {
+        match &t.get(path).unwrap_or_else(|| panic!("no {path}")).kind {
+            crate::tree::Kind::File(f) => f,
+            _ => panic!("{path} is not a file"),
+        }
+    }
+
+    /// The memory BARs of every GPU as `resource` lists them, `(start, end)`, after checking
+    /// that `config` holds the same addresses.
+    fn rendered_bars(yaml: &str) -> Vec<(u64, u64)> {
+        let p = Profile::from_yaml(yaml, "t").unwrap();
+        let host = one_socket_host();
+        let topo = NodeTopology::build(&p, "n", &host).unwrap();
+        let t = driver_tree(&topo, &host);
+        let mut all = Vec::new();
+        for gpu in &topo.gpus {
+            let dir = format!("sys/{}", gpu.bus_id.sysfs_device_path());
+            let resource = std::str::from_utf8(file(&t, &format!("{dir}/resource"))).unwrap();
+            let lines: Vec<Vec<u64>> = resource
+                .lines()
+                .map(|l| {
+                    l.split(' ')
+                        .map(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).unwrap())
+                        .collect()
+                })
+                .collect();
+            assert_eq!(lines.len(), 7, "{resource}");
+            let config = file(&t, &format!("{dir}/config"));
+            let reg = |off: usize| {
+                u64::from(u32::from_le_bytes(config[off..off + 4].try_into().unwrap()))
+            };
+            // BAR0: 32-bit memory; BAR1 and BAR3: 64-bit prefetchable (type bits 0xc).
+            assert_eq!(reg(0x10), lines[0][0], "BAR0 of GPU {}", gpu.index);
+            assert_eq!(
+                reg(0x14) | reg(0x18) << 32,
+                lines[1][0] | 0xc,
+                "BAR1 of GPU {}",
+                gpu.index
+            );
+            assert_eq!(
+                reg(0x1c) | reg(0x20) << 32,
+                lines[3][0] | 0xc,
+                "BAR3 of GPU {}",
+                gpu.index
+            );
+            assert!(
+                lines[0][1] < 1 << 32,
+                "BAR0 of GPU {} ends above 4 GiB",
+                gpu.index
+            );
+            for bar in [0, 1, 3] {
+                let (start, end) = (lines[bar][0], lines[bar][1]);
+                let size = end - start + 1;
+                assert!(
+                    size.is_power_of_two() && start % size == 0,
+                    "BAR{bar} {start:#x}-{end:#x}"
+                );
+                all.push((start, end));
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn bars_never_overlap_up_to_the_largest_profiles() {
+        for memory_mib in [1, 81559, 512 * 1024, 512 * 1024 + 1, 16 * 1024 * 1024] {
+            let yaml = format!("base: h100\ngpus: 64\nmemory_mib: {memory_mib}\n");
+            let mut bars = rendered_bars(&yaml);
+            assert_eq!(bars.len(), 64 * 3);
+            bars.sort();
+            for w in bars.windows(2) {
+                assert!(
+                    w[0].1 < w[1].0,
+                    "{memory_mib} MiB: {:x?} overlaps {:x?}",
+                    w[0],
+                    w[1]
+                );
+            }
+            // BAR1 holds the whole memory.
+            let bar1 = rendered_bars(&yaml.replace("gpus: 64", "gpus: 1"))[1];
+            assert!(bar1.1 - bar1.0 + 1 >= memory_mib << 20, "{memory_mib} MiB");
         }
     }
 

@@ -7,12 +7,29 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
+use mockgpu_agent::host::SysfsHost;
+use mockgpu_agent::render::driver_tree;
+use mockgpu_api::profile::BUILTIN;
+use mockgpu_api::{NodeTopology, Profile};
+
 /// What slurmd's AutoDetect=nvidia derives from one GPU directory.
 #[derive(Debug)]
 struct Detected {
     gres_type: String,
     minor: u32,
     cpus: BTreeSet<u32>,
+    /// The directory name, which Slurm takes as the PCI address.
+    pci_address: String,
+}
+
+/// A kernel CPU list (`0-3,8-11`).
+fn cpu_list(list: &str) -> BTreeSet<u32> {
+    let mut cpus = BTreeSet::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap());
+    }
+    cpus
 }
 
 /// Slurm's rules: `Model:` lowercased with spaces turned into `_`, `Device Minor:`, keys matched
@@ -45,16 +62,11 @@ fn detect(root: &Path) -> Vec<Detected> {
                 .join("local_cpulist"),
         )
         .unwrap();
-        let last = cpulist.lines().last().unwrap_or("");
-        let mut cpus = BTreeSet::new();
-        for part in last.split(',').filter(|p| !p.is_empty()) {
-            let (a, b) = part.split_once('-').unwrap_or((part, part));
-            cpus.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap());
-        }
         found.push(Detected {
             gres_type: gres_type.unwrap(),
             minor: minor.unwrap(),
-            cpus,
+            cpus: cpu_list(cpulist.lines().last().unwrap_or("")),
+            pci_address: name,
         });
     }
     found.sort_by_key(|d| d.minor);
@@ -93,6 +105,55 @@ fn slurm_detects_the_profiles_gpus() {
                 &socket1
             };
             assert_eq!(&d.cpus, want, "{profile} GPU {i}");
+        }
+    }
+}
+
+/// Every built-in profile on the fake sysfs trees, probed as the agent probes a host: each GPU's
+/// CPUs are exactly one whole socket (slurmctld refuses anything else on a multi-socket host,
+/// NUMA nodes included) and its `numa_node` is a node inside that socket.
+#[test]
+fn every_gpu_gets_a_whole_socket_on_multi_socket_hosts() {
+    // The sockets as the fixtures' physical_package_id files define them.
+    let fixtures = [
+        ("two-socket", ["0-3", "4-7"]),
+        ("four-numa", ["0-3,8-11", "4-7,12-15"]),
+    ];
+    for (fixture, sockets) in fixtures {
+        let sysfs = common::fixture(fixture);
+        let sockets = sockets.map(cpu_list);
+        let host = SysfsHost::new(&sysfs).probe().unwrap();
+        for (name, _) in BUILTIN {
+            let profile = Profile::builtin(name).unwrap();
+            let topo = NodeTopology::build(&profile, "node-0", &host).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().join("root");
+            mockgpu_agent::output::write_tree(&driver_tree(&topo, &host), &root).unwrap();
+            let found = detect(&root);
+            assert_eq!(found.len() as u32, profile.gpu_count(), "{fixture} {name}");
+            // Profile socket s holds the next sockets[s] GPUs; it lands on host socket s mod 2.
+            let want_socket = profile
+                .sockets
+                .iter()
+                .enumerate()
+                .flat_map(|(s, &n)| std::iter::repeat_n(s % 2, n as usize));
+            for (d, socket) in found.iter().zip(want_socket) {
+                let what = format!("{fixture} {name} GPU {}", d.minor);
+                assert_eq!(d.cpus, sockets[socket], "{what}");
+                let device = root.join("sys/bus/pci/drivers/nvidia").join(&d.pci_address);
+                let numa_node = fs::read_to_string(device.join("numa_node")).unwrap();
+                let numa_node: u32 = numa_node.trim().parse().unwrap_or_else(|_| {
+                    panic!("{what}: numa_node {numa_node:?} is not a host node")
+                });
+                let node_cpus = fs::read_to_string(
+                    sysfs.join(format!("devices/system/node/node{numa_node}/cpulist")),
+                )
+                .unwrap();
+                assert!(
+                    cpu_list(&node_cpus).is_subset(&d.cpus),
+                    "{what}: node {numa_node} ({node_cpus:?}) is not inside the GPU's socket"
+                );
+            }
         }
     }
 }

@@ -3,14 +3,23 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
+/// CPU ids are below this bound: far above what any Linux build allows (`NR_CPUS` is at most
+/// 8192 on x86-64), low enough that masks of every possible CPU stay small.
+pub const MAX_CPUS: u32 = 1 << 16;
+
 /// A set of logical CPU ids.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CpuSet(BTreeSet<u32>);
 
 /// A CPU list that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid cpu list {0:?}")]
-pub struct CpuListError(pub String);
+#[error("invalid cpu list {list:?}: {reason}")]
+pub struct CpuListError {
+    /// The list as given.
+    pub list: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
 
 impl CpuSet {
     /// The set of the given CPU ids.
@@ -18,23 +27,41 @@ impl CpuSet {
         Self(ids.into_iter().collect())
     }
 
-    /// Parses the kernel's list format (`0-3,8,10-11`); blank input is the empty set.
+    /// Parses the kernel's list format (`0-3,8,10-11`); blank input is the empty set. CPU ids
+    /// must be below [`MAX_CPUS`].
     pub fn parse_list(s: &str) -> Result<Self, CpuListError> {
-        let err = || CpuListError(s.to_string());
+        let err = |reason: String| CpuListError {
+            list: s.to_string(),
+            reason,
+        };
+        let id = |part: &str| -> Result<u32, CpuListError> {
+            let id: u32 = part
+                .trim()
+                .parse()
+                .map_err(|_| err(format!("{part:?} is not a cpu id")))?;
+            if id >= MAX_CPUS {
+                return Err(err(format!(
+                    "cpu id {id} is out of range (at most {})",
+                    MAX_CPUS - 1
+                )));
+            }
+            Ok(id)
+        };
         let mut set = BTreeSet::new();
         for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-            let (lo, hi) = match part.split_once('-') {
-                Some((lo, hi)) => (lo, hi),
-                None => (part, part),
-            };
-            let lo: u32 = lo.trim().parse().map_err(|_| err())?;
-            let hi: u32 = hi.trim().parse().map_err(|_| err())?;
-            if lo > hi || hi - lo > 65_535 {
-                return Err(err());
+            let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+            let (lo, hi) = (id(lo)?, id(hi)?);
+            if lo > hi {
+                return Err(err(format!("range {part:?} runs backwards")));
             }
             set.extend(lo..=hi);
         }
         Ok(Self(set))
+    }
+
+    /// The highest CPU id, if any.
+    pub fn last(&self) -> Option<u32> {
+        self.0.last().copied()
     }
 
     /// Whether the set is empty.
@@ -68,7 +95,10 @@ impl CpuSet {
         let mut iter = self.0.iter().copied().peekable();
         while let Some(start) = iter.next() {
             let mut end = start;
-            while iter.peek() == Some(&(end + 1)) {
+            while end
+                .checked_add(1)
+                .is_some_and(|next| iter.peek() == Some(&next))
+            {
                 end += 1;
                 iter.next();
             }
@@ -126,6 +156,33 @@ mod tests {
         assert!(CpuSet::parse_list("").unwrap().is_empty());
         assert!(CpuSet::parse_list("3-1").is_err());
         assert!(CpuSet::parse_list("a").is_err());
+    }
+
+    #[test]
+    fn huge_cpu_ids_are_named_errors() {
+        let e = CpuSet::parse_list("0-1,4294967295\n").unwrap_err();
+        assert!(
+            e.to_string().contains("cpu id 4294967295 is out of range"),
+            "{e}"
+        );
+        let e = CpuSet::parse_list("0-4294967296").unwrap_err();
+        assert!(
+            e.to_string().contains("\"4294967296\" is not a cpu id"),
+            "{e}"
+        );
+        assert!(CpuSet::parse_list("65535").is_ok());
+        assert!(CpuSet::parse_list("65536").is_err());
+    }
+
+    #[test]
+    fn lists_and_masks_reach_the_largest_ids() {
+        let top = CpuSet::from_ids([0, u32::MAX - 1, u32::MAX]);
+        assert_eq!(top.to_list(), "0,4294967294-4294967295");
+        assert_eq!(top.last(), Some(u32::MAX));
+        let s = CpuSet::from_ids([MAX_CPUS - 1]);
+        let mask = s.to_mask(MAX_CPUS);
+        assert!(mask.starts_with("80000000,00000000,"), "{mask}");
+        assert_eq!(mask.split(',').count(), (MAX_CPUS / 32) as usize);
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod profile;
 pub mod topology;
 
 pub use busid::{BusId, BusIdError};
-pub use cpuset::{CpuListError, CpuSet};
+pub use cpuset::{CpuListError, CpuSet, MAX_CPUS};
 pub use devices::{DeviceNode, DeviceNumbers, DevicesError, ProcDevices};
 pub use information::{Information, InformationError};
 pub use layout::{Layout, LayoutError};

@@ -3,7 +3,11 @@
 //! [`NodeTopology::build`] is a pure, deterministic function of (profile, node name, host):
 //! the same inputs give the same UUIDs, bus ids, minors and CPU affinities on any machine.
 
-use crate::{BusId, CpuSet, DeviceNumbers, DevicesError, ProcDevices, Profile};
+use crate::{BusId, CpuSet, DeviceNumbers, DevicesError, MAX_CPUS, ProcDevices, Profile};
+
+/// NUMA node ids are at most this (Linux allows 1024 nodes at most; ids stay far below
+/// `i32::MAX`, the type of `numa_node`).
+pub const MAX_NUMA_NODE: u32 = 65_535;
 
 /// One CPU socket (physical package) of the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +62,16 @@ pub enum TopologyError {
     /// The host reported no CPUs.
     #[error("the host reports no online CPUs")]
     NoCpus,
+    /// A CPU id, the possible-CPU count or a NUMA node id of the host is too large.
+    #[error("host {what} {value} is out of range (at most {max})")]
+    HostRange {
+        /// Which number.
+        what: &'static str,
+        /// Its value.
+        value: u32,
+        /// The largest accepted value.
+        max: u32,
+    },
     /// No free bus is left for a GPU.
     #[error("no free PCI bus left for GPU {0}")]
     NoFreeBus(u32),
@@ -119,6 +133,7 @@ impl NodeTopology {
         if host.cpus.is_empty() {
             return Err(TopologyError::NoCpus);
         }
+        check_ranges(host)?;
         let devices = DeviceNumbers::choose(&host.devices)?;
         let whole_host = [HostSocket {
             id: 0,
@@ -167,11 +182,35 @@ impl NodeTopology {
             profile: profile.clone(),
             gpus,
             devices,
+            // No overflow: `check_ranges` keeps every CPU id below `MAX_CPUS`.
             nr_cpu_ids: host
                 .nr_cpu_ids
-                .max(host.cpus.iter().last().unwrap_or(0) + 1),
+                .max(host.cpus.last().map_or(0, |last| last + 1)),
         })
     }
+}
+
+/// Rejects host numbers that later arithmetic (`id + 1`, masks of `nr_cpu_ids` bits, `numa_node`
+/// as `i32`) cannot take.
+fn check_ranges(host: &HostTopology) -> Result<(), TopologyError> {
+    let range = |what, value: u32, max: u32| {
+        if value > max {
+            Err(TopologyError::HostRange { what, value, max })
+        } else {
+            Ok(())
+        }
+    };
+    range("possible cpu count", host.nr_cpu_ids, MAX_CPUS)?;
+    let sets = std::iter::once(&host.cpus)
+        .chain(host.sockets.iter().map(|s| &s.cpus))
+        .chain(host.numa_nodes.iter().map(|n| &n.cpus));
+    for cpus in sets {
+        range("cpu id", cpus.last().unwrap_or(0), MAX_CPUS - 1)?;
+    }
+    for node in &host.numa_nodes {
+        range("numa node id", node.id, MAX_NUMA_NODE)?;
+    }
+    Ok(())
 }
 
 /// The bus after `id` (same domain), slot 0 function 0; wraps into the next domain.
@@ -221,11 +260,44 @@ fn fnv1a128(bytes: &[u8]) -> u128 {
         .fold(OFFSET, |h, &b| (h ^ u128::from(b)).wrapping_mul(PRIME))
 }
 
-/// The GPU's UUID: a hash of the profile's identity, the node name and the GPU's index.
+/// The GPU's UUID: a 128-bit FNV-1a hash of every field of the resolved profile (GPU count,
+/// socket layout and driver version included), the node name and the GPU's index.
+///
+/// Any change to the resolved profile makes new GPUs with new UUIDs, as swapping the board
+/// would; the same profile on the same node keeps its UUIDs across agent restarts and
+/// reschedules, because nothing else (host layout, time, process) goes into the hash. Bus ids
+/// enter as the profile requests them, not as moved around real devices of the host.
 fn gpu_uuid(profile: &Profile, node_name: &str, index: u32) -> String {
+    // Destructured so that a new profile field cannot be left out of the identity unnoticed.
+    let Profile {
+        name,
+        model,
+        sockets,
+        pci_device,
+        subsystem_vendor,
+        subsystem_device,
+        class,
+        revision,
+        bus_ids,
+        vbios,
+        driver_version,
+        memory_mib,
+        pcie_gen,
+        pcie_width,
+        arch,
+        open_kernel_module,
+        coherent_memory,
+        numa_status,
+    } = profile;
+    let bus_ids: Vec<String> = bus_ids.iter().map(BusId::to_string).collect();
+    // Fields are NUL-separated; none can contain a NUL (validated text, numbers, lists).
     let key = format!(
-        "mockgpu\0{}\0{}\0{:04x}\0{:04x}\0{node_name}\0{index}",
-        profile.name, profile.model, profile.pci_device, profile.subsystem_device
+        "mockgpu-v2\0{name}\0{model}\0{sockets:?}\0{pci_device:04x}\0{subsystem_vendor:04x}\0\
+         {subsystem_device:04x}\0{class:06x}\0{revision:02x}\0{}\0{vbios}\0{driver_version}\0\
+         {memory_mib}\0{pcie_gen}\0{pcie_width}\0{}\0{open_kernel_module}\0{coherent_memory}\0\
+         {numa_status}\0{node_name}\0{index}",
+        bus_ids.join(","),
+        arch.as_str(),
     );
     let h = format!("{:032x}", fnv1a128(key.as_bytes()));
     format!(
@@ -303,11 +375,48 @@ mod tests {
         assert_eq!(a, NodeTopology::build(&p, "node-a", &h).unwrap());
         let b = NodeTopology::build(&p, "node-b", &h).unwrap();
         assert_ne!(a.gpus[0].uuid, b.gpus[0].uuid);
+        // The host's layout is no part of the identity.
+        let two = NodeTopology::build(&p, "node-a", &host(&[(0, 0..4), (1, 4..8)], &[])).unwrap();
+        let uuid = |t: &NodeTopology| t.gpus.iter().map(|g| g.uuid.clone()).collect::<Vec<_>>();
+        assert_eq!(uuid(&a), uuid(&two));
         assert_eq!(a.gpus[0].uuid.len(), 40);
         assert_eq!(a.gpus[0].numa_node, -1);
-        let mut uuids: Vec<_> = a.gpus.iter().map(|g| &g.uuid).collect();
-        uuids.dedup();
+        let uuids: std::collections::BTreeSet<_> = a.gpus.iter().map(|g| &g.uuid).collect();
         assert_eq!(uuids.len(), 8);
+    }
+
+    fn uuids(yaml: &str) -> Vec<String> {
+        let p = Profile::from_yaml(yaml, "t").unwrap();
+        let t = NodeTopology::build(&p, "node-a", &host(&[(0, 0..4)], &[])).unwrap();
+        t.gpus.into_iter().map(|g| g.uuid).collect()
+    }
+
+    #[test]
+    fn every_profile_change_is_a_new_identity() {
+        let base = uuids("base: h100\n");
+        assert_eq!(base, uuids("base: h100\n"));
+        for change in [
+            "gpus: 4",
+            "driver_version: 570.148.08",
+            "memory_mib: 81920",
+            "sockets: [8]",
+            "vbios: 96.00.99.00.02",
+            "open_kernel_module: false",
+        ] {
+            let other = uuids(&format!("base: h100\n{change}\n"));
+            for (a, b) in base.iter().zip(&other) {
+                assert_ne!(a, b, "{change}");
+            }
+        }
+    }
+
+    #[test]
+    fn uuid_hash_is_pinned() {
+        // A literal from one fixed input: a change of the hash or the key fails here.
+        assert_eq!(
+            uuids("base: t4\n"),
+            ["GPU-cb9ae115-8892-98e0-f9ac-edec77d63a49"]
+        );
     }
 
     #[test]
@@ -334,5 +443,42 @@ mod tests {
             NodeTopology::build(&p, "n", &HostTopology::default()),
             Err(TopologyError::NoCpus)
         );
+    }
+
+    #[test]
+    fn out_of_range_host_numbers_are_errors() {
+        let p = Profile::builtin("t4").unwrap();
+        let range = |what, value, max| Err(TopologyError::HostRange { what, value, max });
+        let mut h = host(&[(0, 0..2)], &[(0, 0..2)]);
+        h.cpus = CpuSet::from_ids([0, 1, u32::MAX]);
+        assert_eq!(
+            NodeTopology::build(&p, "n", &h),
+            range("cpu id", u32::MAX, MAX_CPUS - 1)
+        );
+        let mut h = host(&[(0, 0..2)], &[(0, 0..2)]);
+        h.sockets[0].cpus = CpuSet::from_ids([MAX_CPUS]);
+        assert_eq!(
+            NodeTopology::build(&p, "n", &h),
+            range("cpu id", MAX_CPUS, MAX_CPUS - 1)
+        );
+        let mut h = host(&[(0, 0..2)], &[(0, 0..2)]);
+        h.nr_cpu_ids = u32::MAX;
+        assert_eq!(
+            NodeTopology::build(&p, "n", &h),
+            range("possible cpu count", u32::MAX, MAX_CPUS)
+        );
+        let mut h = host(&[(0, 0..2)], &[(0, 0..2)]);
+        h.numa_nodes[0].id = u32::MAX;
+        let e = NodeTopology::build(&p, "n", &h).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "host numa node id 4294967295 is out of range (at most 65535)"
+        );
+        // The largest accepted ids work, and the mask width follows the highest CPU.
+        let mut h = host(&[(0, 0..2)], &[(0, 0..2)]);
+        h.cpus = CpuSet::from_ids([0, MAX_CPUS - 1]);
+        h.sockets[0].cpus = h.cpus.clone();
+        let t = NodeTopology::build(&p, "n", &h).unwrap();
+        assert_eq!(t.nr_cpu_ids, MAX_CPUS);
     }
 }

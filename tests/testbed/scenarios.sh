@@ -20,6 +20,57 @@ cexec() { cri exec "$(ctr "$1" CTR)" -- "${@:2}"; }   # cexec <key> <cmd...>
 environ_of() { tr '\0' '\n' < "/proc/$1/environ"; }
 has_mount()  { awk -v m="$2" '$5 == m {f=1} END {exit !f}' "/proc/$1/mountinfo"; }
 
+# ---------------------------------------------------------------------------------------------
+# the node's CPU layout, read from its sysfs, and what Slurm should make of the agent's GPUs
+
+MOCK=/run/mockgpu/fs                 # the agent's tree, as the node sees it
+cpus_of() { tr ',' '\n' | awk -F- 'NF {b = (NF > 1) ? $2 : $1; for (i = $1; i <= b; i++) print i}'; }  # cpus_of < "0-2,8": one id a line
+canon() { cpus_of | sort -n | paste -sd, -; }            # canon < "0-2,8": "0,1,2,8"
+ranges() { sort -n | awk 'NR == 1 {s = p = $1; next} $1 == p + 1 {p = $1; next}
+  {o = o sep (s == p ? s : s "-" p); sep = ","; s = p = $1} END {if (NR) print o sep (s == p ? s : s "-" p)}'; }  # ranges < ids: "0-2,8"
+
+node_sockets() {  # node_sockets > file: "<rank> <canonical cpu list>" per socket (physical_package_id), in Slurm's order
+  local online; online=$(innode cat /sys/devices/system/cpu/online)
+  # shellcheck disable=SC2016,SC2046 # $c is expanded by the inner sh; the CPU ids are words
+  innode sh -c 'for c; do echo "$(cat "/sys/devices/system/cpu/cpu$c/topology/physical_package_id" 2>/dev/null || echo 0) $c"; done' \
+    sh $(cpus_of <<< "$online") | sort -k1,1n -k2,2n \
+    | awk 'BEGIN {r = 0} NR > 1 && $1 != p {print r++, l; l = ""} {l = (l == "" ? "" : l ",") $2; p = $1} END {if (NR) print r, l}'
+}
+
+gpus_by_minor() {  # "<minor> <bus id>" of every GPU the agent serves
+  innode sh -c "grep -H '^Device Minor:' $MOCK/proc/driver/nvidia/gpus/*/information" \
+    | sed -E 's#^.*/gpus/([^/]+)/information:Device Minor:[[:space:]]*([0-9]+)$#\2 \1#' | sort -n
+}
+
+gpu_socket() {  # gpu_socket <bus id>: rank of the socket whose CPUs are exactly the GPU's local_cpulist
+  # (node_sockets in $ST/sockets), or "all"; anything else is what slurmctld rejects
+  local cpus r l; cpus=$(innode cat "$MOCK/sys/bus/pci/drivers/nvidia/$1/local_cpulist" | canon)
+  while read -r r l; do [ "$l" = "$cpus" ] && { echo "$r"; return 0; }; done < "$ST/sockets"
+  [ "$cpus" = "$(awk '{print $2}' "$ST/sockets" | paste -sd, - | canon)" ] && { echo all; return 0; }
+  fail "GPU $1: local_cpulist ($cpus) is neither one whole socket nor all CPUs of the node"
+}
+
+slurm_hw() { innode slurmd -C | sed -n 1p | grep -oE "(^| )$1=[0-9]+" | cut -d= -f2; }  # slurm_hw CoresPerSocket
+
+slurm_cores() {  # slurm_cores <rank|all>: the Cores= slurmd derives for a GPU on that socket (socket-major core ids)
+  local c lo hi; c=$(slurm_hw CoresPerSocket)
+  case $1 in
+    all) lo=0; hi=$(( $(slurm_hw Boards) * $(slurm_hw SocketsPerBoard) * c - 1 )) ;;
+    *) lo=$(( $1 * c )); hi=$(( lo + c - 1 )) ;;
+  esac
+  if [ "$lo" = "$hi" ]; then echo "$lo"; else echo "$lo-$hi"; fi
+}
+
+gres_sockets() {  # the (S:...) sinfo shows for the served GPUs (exits on a GPU that is not on one socket)
+  local m b s ranks=""; node_sockets > "$ST/sockets" || exit 1
+  while read -r m b; do
+    s=$(gpu_socket "$b") || exit 1
+    [ "$s" != all ] || s=$(cut -d' ' -f1 "$ST/sockets")
+    ranks="$ranks $s"
+  done < <(gpus_by_minor)
+  tr ' ' '\n' <<< "$ranks" | grep . | sort -un | ranges
+}
+
 assert_injected() {  # assert_injected <key> [GPU minors]: the plugin's adjustment is in the container
   local pid minors=${2:-0 1 2 3} m; pid=$(ctr "$1" PID)
   grep -qE '^LD_PRELOAD=(.*:)?/run/mockgpu/lib/libmockfs\.so(:.*)?$' <<< "$(environ_of "$pid")" \
@@ -220,8 +271,10 @@ scenario_seed() {
   assert_injected slurmd
   wait_for 30 "slurmd to register idle" node_idle || { slurm_logs; exit 1; }
   timing slurmd-idle-with-mock-gpus "$(ms "$t") ms"
-  local s; s=$(sinfo_node); echo "  sinfo -N -o '%N %T %G': $s"
-  [[ $s == *"gpu:nvidia_gb300:4(S:0)"* ]] || { slurm_logs; fail "sinfo does not show gpu:nvidia_gb300:4(S:0)"; }
+  local s sockets; s=$(sinfo_node); echo "  sinfo -N -o '%N %T %G': $s"
+  # the sockets follow the node's layout (S:0 on one socket, S:0-1 when the GPUs span two)
+  sockets=$(gres_sockets); [ -n "$sockets" ] || fail "no socket found for the served GPUs"
+  [[ $s == *"gpu:nvidia_gb300:4(S:$sockets)"* ]] || { slurm_logs; fail "sinfo does not show gpu:nvidia_gb300:4(S:$sockets)"; }
   s=$(srun_ --gres=gpu:2 env | grep '^CUDA_VISIBLE_DEVICES=') || { slurm_logs; fail "srun --gres=gpu:2"; }
   echo "  srun --gres=gpu:2 env: $s"
   [ "$s" = CUDA_VISIBLE_DEVICES=0,1 ] || fail "want CUDA_VISIBLE_DEVICES=0,1"
@@ -245,10 +298,14 @@ scenario_exec_slurmd() {  # issue 3: `mockgpu-agent exec` runs slurmd on the nod
   g=$(innode "$agent" exec --node-name "$NODE" -- slurmd -G -N "$NODE" 2>&1 | grep 'Gres Name=gpu') || fail "exec -- slurmd -G lists no GPU"
   echo "$g" | sed 's/^.*Gres /  slurmd -G: /'
   [ "$(grep -c . <<< "$g")" = 4 ] || fail "slurmd -G lists $(grep -c . <<< "$g") GPUs, want 4"
-  local cores; cores="0-$(( $(innode nproc) - 1 ))"
-  for i in 0 1 2 3; do
-    grep -q "Type=nvidia_gb300 .* File=/dev/nvidia$i Cores=$cores " <<< "$g" || fail "slurmd -G: no nvidia_gb300 with File=/dev/nvidia$i Cores=$cores"
-  done
+  # the cores each GPU should get, from its local_cpulist in the served tree (exec renders the
+  # same profile on the same host) and the node's sockets
+  local m b s cores n=0; node_sockets > "$ST/sockets"
+  while read -r m b; do
+    s=$(gpu_socket "$b"); cores=$(slurm_cores "$s"); n=$((n + 1))
+    grep -q "Type=nvidia_gb300 .* File=/dev/nvidia$m Cores=$cores " <<< "$g" || fail "slurmd -G: no nvidia_gb300 with File=/dev/nvidia$m Cores=$cores"
+  done < <(gpus_by_minor)
+  [ "$n" = 4 ] || fail "the agent serves $n GPUs, want 4"
 }
 
 scenario_only_gpu() {
@@ -355,9 +412,34 @@ scenario_runtime_restart() {
   cri down after-restart-0 > /dev/null
 }
 
+LAT_WARMUP=2                         # unmeasured creations before each round's LAT_N
+LAT_MAX_RATIO=${LAT_MAX_RATIO:-3}    # bound on median(plugin on) / median(plugin off)
+AGENT_METRICS=http://127.0.0.1:9464/metrics   # the agent's default --listen, in the node
+
 latency_round() {  # latency_round <file> <mgtb-cri create-latency args...>: append raw samples to file
-  cri create-latency -n "$LAT_N" --raw "${@:2}" | sed -n 's/^sample_ms //p' >> "$1"
+  cri create-latency -n "$LAT_N" --warmup "$LAT_WARMUP" --raw "${@:2}" | sed -n 's/^sample_ms //p' >> "$1"
 }
+
+metric() {  # metric <name{labels}>: its value on the agent's /metrics
+  local v; v=$(innode busybox wget -q -O - "$AGENT_METRICS" | awk -v m="$1" '$1 == m {print $2}')
+  [ -n "$v" ] || fail "no metric $1 at $AGENT_METRICS"
+  echo "$v"
+}
+
+latency_round_on() {  # latency_round_on <file> <injections per creation: 1|0> <args...>: a round with the
+  # plugin, which must see every creation and inject exactly the GPU containers
+  local n=$(( LAT_N + LAT_WARMUP )) ev='mockgpu_nri_events_total{event="create_container"}' c0 i0 e0 c i e
+  local err='mockgpu_nri_errors_total{outcome="fail_open"}'
+  c0=$(metric "$ev"); i0=$(metric mockgpu_nri_injections_total); e0=$(metric "$err")
+  latency_round "$1" "${@:3}"
+  c=$(metric "$ev"); i=$(metric mockgpu_nri_injections_total); e=$(metric "$err")
+  c=$(( c - c0 )); i=$(( i - i0 )); e=$(( e - e0 ))
+  [ "$c" = "$n" ] || fail "${1##*.}: the plugin saw $c CreateContainer requests, want $n"
+  [ "$i" = $(( n * $2 )) ] || fail "${1##*.}: the plugin injected $i of $n containers, want $(( n * $2 ))"
+  [ "$e" = 0 ] || fail "${1##*.}: $e creations failed open"
+}
+
+median_ms() { sort -g "$1" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 summarize_ms() {  # summarize_ms <file>: n, median and p90 (nearest rank) of one value per line
   sort -g "$1" | awk '{v[NR] = $1} END {
@@ -373,9 +455,10 @@ scenario_latency() {
   alive "$(cat "$ST/agent.pid" 2>/dev/null || echo 0)" || fail "the agent is not running"
   local L=$ST/latency k n0; rm -f "$L".*
   for _ in 1 2; do
-    latency_round "$L.gpu-on" --pod lat-gpu --env NVIDIA_VISIBLE_DEVICES=all
-    latency_round "$L.plain-on" --pod lat-plain
+    latency_round_on "$L.gpu-on" 1 --pod lat-gpu --env NVIDIA_VISIBLE_DEVICES=all
+    latency_round_on "$L.plain-on" 0 --pod lat-plain
     stop_kinds TERM agent
+    ! alive "$(cat "$ST/agent.pid")" || fail "the agent survived SIGTERM; the plugin-off rounds would not be"
     sleep 0.5
     latency_round "$L.gpu-off" --pod lat-gpu --env NVIDIA_VISIBLE_DEVICES=all
     latency_round "$L.plain-off" --pod lat-plain
@@ -383,6 +466,14 @@ scenario_latency() {
     wait_for 30 "the agent to be ready again" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
   done
   for k in gpu-on gpu-off plain-on plain-off; do
+    [ "$(wc -l < "$L.$k")" = $(( 2 * LAT_N )) ] || fail "$k: $(wc -l < "$L.$k") samples, want $(( 2 * LAT_N ))"
     timing "create-latency $(printf '%-9s' "$k")" "$(summarize_ms "$L.$k")"
+  done
+  local kind on off
+  for kind in gpu plain; do
+    on=$(median_ms "$L.$kind-on"); off=$(median_ms "$L.$kind-off")
+    awk -v on="$on" -v off="$off" -v max="$LAT_MAX_RATIO" 'BEGIN {exit !(off > 0 && on <= max * off)}' \
+      || fail "$kind container: median CreateContainer $on ms with the plugin, $off ms without: more than ${LAT_MAX_RATIO}x"
+    echo "  $kind container: median $on ms with the plugin, $off ms without (bound ${LAT_MAX_RATIO}x)"
   done
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 use mockgpu_agent::render::driver_tree;
 use mockgpu_agent::tree::{Kind, Tree};
@@ -47,10 +48,30 @@ pub fn fixed_host() -> HostTopology {
 
 /// The tree of a built-in profile on [`fixed_host`] for node `node-0`.
 pub fn fixed_tree(profile: &str) -> (NodeTopology, Tree) {
+    profile_tree(&Profile::builtin(profile).unwrap())
+}
+
+/// The tree of `profile` on [`fixed_host`] for node `node-0`.
+pub fn profile_tree(profile: &Profile) -> (NodeTopology, Tree) {
     let host = fixed_host();
-    let topo = NodeTopology::build(&Profile::builtin(profile).unwrap(), "node-0", &host).unwrap();
+    let topo = NodeTopology::build(profile, "node-0", &host).unwrap();
     let tree = driver_tree(&topo, &host);
     (topo, tree)
+}
+
+/// The text of the file at `path` in `tree`.
+pub fn text(tree: &Tree, path: &str) -> String {
+    match tree.get(path).map(|e| &e.kind) {
+        Some(Kind::File(c)) => String::from_utf8(c.to_vec()).unwrap(),
+        other => panic!("{path} is not a file: {other:?}"),
+    }
+}
+
+/// A fake sysfs tree of `tests/fixtures` (see the README there).
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// A reviewable text dump of a tree: one line per entry, file contents indented below it.
