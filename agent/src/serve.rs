@@ -325,11 +325,11 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         .unwrap_or(Path::new("/"))
         .to_path_buf();
     if nix::unistd::geteuid().is_root() {
-        mounts::make_shared(&dir)?;
+        mounts::make_shared(&crate::sys::Linux, &dir)?;
     } else {
         tracing::warn!(dir = %dir.display(), "not root: cannot make the directory a shared mount; containers will not see agent restarts");
     }
-    if mounts::detach_stale(&cfg.mountpoint)? {
+    if mounts::detach_stale(&crate::sys::Linux, &cfg.mountpoint)? {
         tracing::warn!(mountpoint = %cfg.mountpoint.display(), "detached a stale mount left by a previous agent");
     }
     fs::create_dir_all(&cfg.mountpoint).map_err(|source| ServeError::Install {
