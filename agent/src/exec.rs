@@ -6,16 +6,16 @@
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use nix::mount::{MntFlags, MsFlags};
-use nix::sched::CloneFlags;
+use nix::mount::MntFlags;
 use nix::sys::signal::{SigHandler, SigSet, Signal, signal};
 
-use crate::sys::{Linux, Sys};
+use crate::sys::{self, Linux, Sys};
 use crate::{output, shim, tree::Tree};
 
 /// Why `exec` could not run the command.
@@ -73,8 +73,23 @@ struct TempDir(PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        remove_all(&self.0);
     }
+}
+
+/// Deletes `dir` and everything below it, first giving the owner full access to each directory
+/// (a rendered tree has read-only ones, which would stop an ordinary user).
+fn remove_all(dir: &Path) {
+    fn open_up(dir: &Path) {
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                open_up(&entry.path());
+            }
+        }
+    }
+    open_up(dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Serves `tree` privately and runs `command` under the shim; returns its exit code (128 +
@@ -125,7 +140,7 @@ fn serve<S: Sys>(
     tree: &Tree,
     root: &Path,
 ) -> Result<(Option<S::Fuse>, Backing), ExecError> {
-    let private = sys.is_root() && enter_private_namespace(sys);
+    let private = sys.is_root() && sys::enter_private_namespace(sys).is_ok();
     std::fs::create_dir(root).map_err(|source| ExecError::Prepare {
         path: root.to_path_buf(),
         source,
@@ -149,15 +164,6 @@ fn serve<S: Sys>(
             Ok((None, Backing::Rendered))
         }
     }
-}
-
-/// Enters a private mount namespace whose mounts never reach the host and vanish with the
-/// process. Returns false (and stays put) when that is not possible.
-fn enter_private_namespace<S: Sys>(sys: &S) -> bool {
-    sys.unshare(CloneFlags::CLONE_NEWNS).is_ok()
-        && sys
-            .mount(None, Path::new("/"), MsFlags::MS_REC | MsFlags::MS_PRIVATE)
-            .is_ok()
 }
 
 /// Forks a helper that removes `tmp` once this process is gone, however it ends (SIGKILL
@@ -219,7 +225,7 @@ fn reap<S: Sys>(sys: &S, tmp: &Path) {
             .stderr(Stdio::null())
             .status();
     }
-    let _ = std::fs::remove_dir_all(tmp);
+    remove_all(tmp);
 }
 
 fn spawn_and_wait(
@@ -294,6 +300,9 @@ fn spawn_and_wait(
 #[cfg(test)]
 mod tests {
     use nix::errno::Errno;
+
+    use nix::mount::MsFlags;
+    use nix::sched::CloneFlags;
 
     use super::*;
     use crate::sys::fake::{Call, Fake};

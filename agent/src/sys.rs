@@ -38,6 +38,14 @@ pub trait Sys {
     fn unmount_fuse(&self, fuse: Self::Fuse) -> io::Result<()>;
 }
 
+/// Moves the calling thread (the process, when it has one thread) into a new mount namespace
+/// with private propagation: mounts made there never reach the host and vanish with the last
+/// process in it. Processes started from that thread inherit the namespace.
+pub fn enter_private_namespace<S: Sys>(sys: &S) -> nix::Result<()> {
+    sys.unshare(CloneFlags::CLONE_NEWNS)?;
+    sys.mount(None, Path::new("/"), MsFlags::MS_REC | MsFlags::MS_PRIVATE)
+}
+
 /// The real host calls.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Linux;

@@ -87,3 +87,18 @@ pub fn dump(tree: &Tree) -> String {
     }
     out
 }
+
+/// Runs `f` on a fresh thread in a private mount namespace of its own, which processes it
+/// starts inherit: whatever it mounts vanishes with the thread and those processes, even when
+/// it fails. A test's panic is passed on.
+pub fn in_private_namespace<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    use mockgpu_agent::sys::{Linux, enter_private_namespace};
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter_private_namespace(&Linux).expect("cannot enter a private mount namespace");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
