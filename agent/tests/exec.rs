@@ -278,8 +278,8 @@ fn mounted_below(dir: &Path) -> bool {
 
 #[test]
 fn sigterm_reaches_the_command_and_everything_is_cleaned_up() {
+    let tmp = tempfile::tempdir().unwrap();
     in_private_namespace(|| {
-        let tmp = tempfile::tempdir().unwrap();
         let mut run = start_sleeper(agent(), tmp.path());
         kill(Pid::from_raw(run.agent.id() as i32), Signal::SIGTERM).unwrap();
         let status = run.agent.wait().unwrap();
@@ -303,8 +303,8 @@ fn kill_agent_and_check(mut run: Running, tmp: &Path) {
 
 #[test]
 fn sigkill_of_the_agent_takes_the_command_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
     in_private_namespace(|| {
-        let tmp = tempfile::tempdir().unwrap();
         let run = start_sleeper(agent(), tmp.path());
         kill_agent_and_check(run, tmp.path());
     })
@@ -414,8 +414,8 @@ fn usable_dev_fuse(dir: &Path) {
 
 #[test]
 fn an_ordinary_user_gets_an_owner_only_fuse_mount_through_fusermount3() {
+    let user = Unprivileged::new();
     in_private_namespace(|| {
-        let user = Unprivileged::new();
         usable_dev_fuse(user.dir.path());
         let (stdout, stderr) = user.exec(&format!(
             "{READ}; grep ' fuse.mockgpu ' /proc/self/mountinfo"
@@ -430,8 +430,8 @@ fn an_ordinary_user_gets_an_owner_only_fuse_mount_through_fusermount3() {
 
 #[test]
 fn without_a_usable_fuse_device_an_ordinary_user_gets_a_rendered_copy() {
+    let user = Unprivileged::new();
     in_private_namespace(|| {
-        let user = Unprivileged::new();
         replace_dev_fuse(user.dir.path(), |file| {
             fs::write(file, "").unwrap();
             fs::set_permissions(file, fs::Permissions::from_mode(0o000)).unwrap();
@@ -448,8 +448,8 @@ fn without_a_usable_fuse_device_an_ordinary_user_gets_a_rendered_copy() {
 
 #[test]
 fn sigkill_of_an_ordinary_users_agent_leaves_no_fuse_mount() {
+    let user = Unprivileged::new();
     in_private_namespace(|| {
-        let user = Unprivileged::new();
         usable_dev_fuse(user.dir.path());
         let run = start_sleeper(user.agent(), user.tmp.path());
         assert!(mounted_below(user.tmp.path()), "served over fusermount3");

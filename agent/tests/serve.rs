@@ -143,8 +143,8 @@ fn gpu_count(mountpoint: &Path) -> usize {
 
 #[test]
 fn serve_lifecycle() {
+    let dir = tempfile::tempdir().unwrap();
     in_private_namespace(|| {
-        let dir = tempfile::tempdir().unwrap();
         let cm = dir.path().join("config");
         fs::create_dir(&cm).unwrap();
         configmap_write(&cm, 1, "base: gb300\n");
@@ -232,8 +232,8 @@ fn serve_lifecycle() {
 
 #[test]
 fn real_driver_means_report_only() {
+    let dir = tempfile::tempdir().unwrap();
     in_private_namespace(|| {
-        let dir = tempfile::tempdir().unwrap();
         let real = dir.path().join("real");
         let out = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
             .args(["render", "--profile", "h100", "--out"])

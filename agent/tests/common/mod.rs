@@ -90,7 +90,8 @@ pub fn dump(tree: &Tree) -> String {
 
 /// Runs `f` on a fresh thread in a private mount namespace of its own, which processes it
 /// starts inherit: whatever it mounts vanishes with the thread and those processes, even when
-/// it fails. A test's panic is passed on.
+/// it fails. A test's panic is passed on. Make temporary directories before calling it: one that
+/// holds a mount point of the namespace cannot be removed from inside it.
 pub fn in_private_namespace<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     use mockgpu_agent::sys::{Linux, enter_private_namespace};
     std::thread::scope(|s| {
