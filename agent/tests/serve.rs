@@ -115,12 +115,16 @@ impl Agent {
 
     /// Waits for the agent to exit; returns its status and its log.
     fn exit(&mut self) -> (std::process::ExitStatus, String) {
-        let status = self.child.wait().unwrap();
+        let mut status = None;
+        wait_for("the agent to exit", || {
+            status = self.child.try_wait().unwrap();
+            status.is_some()
+        });
         // The drain thread ends with the pipe; wait for what it still holds.
         wait_for("the agent's last log lines", || {
             Arc::strong_count(&self.log) == 1
         });
-        (status, self.log.lock().unwrap().clone())
+        (status.unwrap(), self.log.lock().unwrap().clone())
     }
 }
 
