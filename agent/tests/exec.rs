@@ -290,6 +290,31 @@ fn sigterm_reaches_the_command_and_everything_is_cleaned_up() {
     })
 }
 
+#[test]
+fn sigterm_while_exec_sets_up_still_reaches_the_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    in_private_namespace(|| {
+        let mut agent = agent()
+            .args(["exec", "--", "sleep", "30"])
+            .env("TMPDIR", tmp.path())
+            .spawn()
+            .unwrap();
+        // The temporary directory appears before the tree is mounted and the command started.
+        let start = Instant::now();
+        while empty(tmp.path()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no temporary directory"
+            );
+            std::thread::yield_now();
+        }
+        kill(Pid::from_raw(agent.id() as i32), Signal::SIGTERM).unwrap();
+        let status = agent.wait().unwrap();
+        assert_eq!(status.code(), Some(128 + 15), "{status}");
+        assert!(empty(tmp.path()), "temporary files left behind");
+    })
+}
+
 /// SIGKILLs the agent: its command dies with it, and its temporary directory (with the mount in
 /// it, if the test's namespace holds one) goes soon after.
 fn kill_agent_and_check(mut run: Running, tmp: &Path) {
