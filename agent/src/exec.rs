@@ -300,7 +300,6 @@ fn spawn_and_wait(
 #[cfg(test)]
 mod tests {
     use nix::errno::Errno;
-
     use nix::mount::MsFlags;
     use nix::sched::CloneFlags;
 
@@ -322,12 +321,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn root_mounts_fuse_in_a_private_namespace() {
+    /// What [`serve`] chose with `fake`, the root it served at and the temporary directory
+    /// holding it.
+    fn served(fake: &Fake) -> (Option<PathBuf>, Backing, PathBuf, tempfile::TempDir) {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("fs");
+        let (mounted, backing) = serve(fake, &tree(), &root).unwrap();
+        (mounted, backing, root, tmp)
+    }
+
+    #[test]
+    fn root_mounts_fuse_in_a_private_namespace() {
         let fake = Fake::new(true);
-        let (mounted, backing) = serve(&fake, &tree(), &root).unwrap();
+        let (mounted, backing, root, _tmp) = served(&fake);
         assert_eq!(backing, Backing::PrivateFuse);
         assert_eq!(mounted.as_deref(), Some(root.as_path()));
         assert_eq!(
@@ -342,10 +348,8 @@ mod tests {
 
     #[test]
     fn root_without_a_private_namespace_still_mounts_fuse() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().join("fs");
         let fake = Fake::new(true).fail(|c| matches!(c, Call::Unshare(_)), Errno::EPERM);
-        let (_, backing) = serve(&fake, &tree(), &root).unwrap();
+        let (_, backing, root, _tmp) = served(&fake);
         assert_eq!(backing, Backing::Fuse);
         assert_eq!(
             fake.calls(),
@@ -358,22 +362,18 @@ mod tests {
 
     #[test]
     fn an_ordinary_user_mounts_fuse_without_unsharing() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().join("fs");
         let fake = Fake::new(false);
-        let (_, backing) = serve(&fake, &tree(), &root).unwrap();
+        let (_, backing, root, _tmp) = served(&fake);
         assert_eq!(backing, Backing::Fuse);
         assert_eq!(fake.calls(), [Call::MountFuse(root.clone())]);
     }
 
     #[test]
     fn without_fuse_a_rendered_copy_is_served() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().join("fs");
         let fake = Fake::new(false)
             .fail(|c| matches!(c, Call::MountFuse(_)), Errno::ENODEV)
             .fail(|c| matches!(c, Call::Mknod { .. }), Errno::EPERM);
-        let (mounted, backing) = serve(&fake, &tree(), &root).unwrap();
+        let (mounted, backing, root, _tmp) = served(&fake);
         assert_eq!(backing, Backing::Rendered);
         assert!(mounted.is_none());
         assert_eq!(

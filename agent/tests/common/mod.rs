@@ -103,3 +103,15 @@ pub fn in_private_namespace<T: Send>(f: impl FnOnce() -> T + Send) -> T {
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
 }
+
+/// Waits until `cond` holds, for at most 15 seconds.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(15),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
