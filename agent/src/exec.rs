@@ -94,7 +94,9 @@ fn remove_all(dir: &Path) {
 
 /// Serves `tree` privately and runs `command` under the shim; returns its exit code (128 +
 /// signal number when it was killed by a signal). Call it before the process starts threads:
-/// entering a private mount namespace requires a single-threaded process.
+/// entering a private mount namespace and forking the cleanup helper require a single-threaded
+/// process. The command dies with the agent, and the temporary directory goes even when the
+/// agent is killed.
 pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecError> {
     // SIGTERM or SIGHUP from now on stays pending until the command's pid is known, and is then
     // forwarded to it.
