@@ -5,16 +5,18 @@
 
 use std::ffi::OsString;
 use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use nix::mount::{MsFlags, mount};
-use nix::sched::{CloneFlags, unshare};
-use nix::sys::signal::{SigHandler, Signal, signal};
+use nix::mount::MntFlags;
+use nix::sys::signal::{SigHandler, SigSet, Signal, signal};
 
-use crate::{fs as fuse, output, shim, tree::Tree};
+use crate::sys::{self, Linux, Sys};
+use crate::{output, shim, tree::Tree};
 
 /// Why `exec` could not run the command.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +53,11 @@ pub enum Backing {
     Rendered,
 }
 
+/// Signals sent to the agent that are passed on to the command.
+const FORWARDED: [Signal; 2] = [Signal::SIGTERM, Signal::SIGHUP];
+/// Signals the terminal sends to the whole process group: the command gets them directly.
+const IGNORED: [Signal; 2] = [Signal::SIGINT, Signal::SIGQUIT];
+
 static CHILD: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn forward(sig: libc::c_int) {
@@ -66,15 +73,41 @@ struct TempDir(PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        remove_all(&self.0);
     }
+}
+
+/// Deletes `dir` and everything below it, first giving the owner full access to each directory
+/// (a rendered tree has read-only ones, which would stop an ordinary user).
+fn remove_all(dir: &Path) {
+    fn open_up(dir: &Path) {
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                open_up(&entry.path());
+            }
+        }
+    }
+    open_up(dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Serves `tree` privately and runs `command` under the shim; returns its exit code (128 +
 /// signal number when it was killed by a signal). Call it before the process starts threads:
-/// entering a private mount namespace requires a single-threaded process.
+/// entering a private mount namespace and forking the cleanup helper require a single-threaded
+/// process. The command dies with the agent, and the temporary directory goes even when the
+/// agent is killed.
 pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecError> {
-    let private = nix::unistd::geteuid().is_root() && enter_private_namespace();
+    // SIGTERM or SIGHUP from now on stays pending until the command's pid is known, and is then
+    // forwarded to it.
+    let forwarded: SigSet = FORWARDED.into_iter().collect();
+    let _ = forwarded.thread_block();
+    // SAFETY: the handler only reads an atomic and calls kill.
+    unsafe {
+        for sig in FORWARDED {
+            let _ = signal(sig, SigHandler::Handler(forward));
+        }
+    }
     let tmp =
         nix::unistd::mkdtemp(&std::env::temp_dir().join("mockgpu-exec.XXXXXX")).map_err(|e| {
             ExecError::Prepare {
@@ -83,61 +116,126 @@ pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecErro
             }
         })?;
     let tmp = TempDir(tmp);
-    let root = tmp.0.join("fs");
-    std::fs::create_dir(&root).map_err(|source| ExecError::Prepare {
-        path: root.clone(),
-        source,
-    })?;
-    let lib = shim::install(&tmp.0.join("lib")).map_err(|source| ExecError::Prepare {
-        path: tmp.0.join("lib"),
-        source,
-    })?;
-    let (mounted, backing) = match fuse::mount(tree, &root) {
-        Ok(m) => (
-            Some(m),
-            if private {
-                Backing::PrivateFuse
-            } else {
-                Backing::Fuse
-            },
-        ),
-        Err(e) => {
-            tracing::warn!(error = %e, "FUSE unavailable; serving a rendered copy of the tree instead");
-            std::fs::remove_dir(&root).map_err(|source| ExecError::Prepare {
-                path: root.clone(),
-                source,
-            })?;
-            output::write_tree(tree, &root)?;
-            (None, Backing::Rendered)
-        }
+    let prepare = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ExecError::Prepare { path, source }
     };
+    spawn_reaper(&tmp.0).map_err(prepare(&tmp.0))?;
+    let root = tmp.0.join("fs");
+    let lib_dir = tmp.0.join("lib");
+    let lib = shim::install(&lib_dir).map_err(prepare(&lib_dir))?;
+    let (mounted, backing) = serve(&Linux, tree, &root)?;
     tracing::debug!(root = %root.display(), ?backing, "mock root ready");
-    let code = spawn_and_wait(command, &lib, &root);
+    let code = spawn_and_wait(command, &lib, &root, &forwarded);
     if let Some(m) = mounted {
-        if let Err(e) = m.unmount() {
+        if let Err(e) = Linux.unmount_fuse(m) {
             tracing::warn!(error = %e, "unmounting the temporary tree failed");
         }
     }
     Ok((code?, backing))
 }
 
-/// Enters a private mount namespace whose mounts never reach the host and vanish with the
-/// process. Returns false (and stays put) when that is not possible.
-fn enter_private_namespace() -> bool {
-    if unshare(CloneFlags::CLONE_NEWNS).is_err() {
-        return false;
+/// Serves `tree` at `root` (created here): over FUSE, in a private mount namespace when root,
+/// or as a rendered copy when FUSE cannot mount.
+fn serve<S: Sys>(
+    sys: &S,
+    tree: &Tree,
+    root: &Path,
+) -> Result<(Option<S::Fuse>, Backing), ExecError> {
+    let private = sys.is_root() && sys::enter_private_namespace(sys).is_ok();
+    std::fs::create_dir(root).map_err(|source| ExecError::Prepare {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    match sys.mount_fuse(tree, root) {
+        Ok(m) => Ok((
+            Some(m),
+            if private {
+                Backing::PrivateFuse
+            } else {
+                Backing::Fuse
+            },
+        )),
+        Err(e) => {
+            tracing::warn!(error = %e, "FUSE unavailable; serving a rendered copy of the tree instead");
+            std::fs::remove_dir(root).map_err(|source| ExecError::Prepare {
+                path: root.to_path_buf(),
+                source,
+            })?;
+            output::write_tree_with(sys, tree, root)?;
+            Ok((None, Backing::Rendered))
+        }
     }
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .is_ok()
 }
 
-fn spawn_and_wait(command: &[OsString], lib: &Path, root: &Path) -> Result<i32, ExecError> {
+/// Forks a helper that removes `tmp` once this process is gone, however it ends (SIGKILL
+/// included): it waits for the end of a pipe whose only writer is this process, detaches the
+/// tree's mount if one is left (a FUSE mount without its server) and deletes the directory.
+/// Must run while the process is single-threaded.
+fn spawn_reaper(tmp: &Path) -> io::Result<()> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // SAFETY: the process is single-threaded here, so the child may run ordinary code.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Parent { .. } => {
+            drop(read);
+            // The write end stays open for the life of the process.
+            std::mem::forget(write);
+            Ok(())
+        }
+        nix::unistd::ForkResult::Child => {
+            drop(write);
+            // The terminal's signals and the agent's forwarded ones are not for the reaper.
+            // SAFETY: setting dispositions to SIG_IGN.
+            unsafe {
+                for sig in FORWARDED.into_iter().chain(IGNORED) {
+                    let _ = signal(sig, SigHandler::SigIgn);
+                }
+            }
+            let _ = SigSet::all().thread_unblock();
+            if let Ok(null) = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+            {
+                for fd in 0..3 {
+                    // SAFETY: dup2 onto the standard descriptors of this process.
+                    unsafe { libc::dup2(null.as_raw_fd(), fd) };
+                }
+            }
+            let mut byte = [0u8; 1];
+            while let Err(nix::errno::Errno::EINTR) = nix::unistd::read(read.as_raw_fd(), &mut byte)
+            {
+            }
+            reap(&Linux, tmp);
+            // SAFETY: leaving the forked child without running the parent's exit handlers.
+            unsafe { libc::_exit(0) }
+        }
+    }
+}
+
+/// What the reaper does: detach `tmp/fs` if it is still mounted (with `fusermount3` when
+/// unprivileged) and delete `tmp`.
+fn reap<S: Sys>(sys: &S, tmp: &Path) {
+    let root = tmp.join("fs");
+    if sys.umount2(&root, MntFlags::MNT_DETACH) == Err(nix::errno::Errno::EPERM) {
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg("-z")
+            .arg(&root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    remove_all(tmp);
+}
+
+fn spawn_and_wait(
+    command: &[OsString],
+    lib: &Path,
+    root: &Path,
+    forwarded: &SigSet,
+) -> Result<i32, ExecError> {
     let (program, args) = command.split_first().ok_or_else(|| ExecError::Spawn {
         command: OsString::new(),
         source: io::Error::new(io::ErrorKind::InvalidInput, "no command given"),
@@ -152,43 +250,159 @@ fn spawn_and_wait(command: &[OsString], lib: &Path, root: &Path) -> Result<i32, 
         .env("LD_PRELOAD", preload)
         .env("MOCKFS_ROOT", root)
         .env("MOCKFS_DEV", "1");
+    let agent = std::process::id();
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
-            for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+        cmd.pre_exec(move || {
+            // The command dies with the agent: without it, its files are gone.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != agent {
+                // The agent died before the line above took effect.
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            for sig in [libc::SIGINT, libc::SIGQUIT] {
                 libc::signal(sig, libc::SIG_DFL);
             }
+            let mut none = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+            libc::sigemptyset(none.as_mut_ptr());
+            libc::sigprocmask(libc::SIG_SETMASK, none.as_ptr(), std::ptr::null_mut());
             Ok(())
         });
     }
     // The terminal's Ctrl-C reaches the command directly; SIGTERM and SIGHUP sent to the agent
     // are forwarded to it. Either way the agent lives on to clean up.
-    // SAFETY: the handlers only touch an atomic and call kill.
+    // SAFETY: setting dispositions to SIG_IGN.
     unsafe {
-        let _ = signal(Signal::SIGINT, SigHandler::SigIgn);
-        let _ = signal(Signal::SIGQUIT, SigHandler::SigIgn);
-        let _ = signal(Signal::SIGTERM, SigHandler::Handler(forward));
-        let _ = signal(Signal::SIGHUP, SigHandler::Handler(forward));
+        for sig in IGNORED {
+            let _ = signal(sig, SigHandler::SigIgn);
+        }
     }
-    let mut child = cmd.spawn().map_err(|source| ExecError::Spawn {
+    let spawned = cmd.spawn();
+    if let Ok(child) = &spawned {
+        CHILD.store(child.id() as i32, Ordering::Relaxed);
+    }
+    // What arrived while the command was being started is delivered (and forwarded) now.
+    let _ = forwarded.thread_unblock();
+    let mut child = spawned.map_err(|source| ExecError::Spawn {
         command: program.clone(),
         source,
     })?;
-    CHILD.store(child.id() as i32, Ordering::Relaxed);
-    let status = loop {
-        match child.wait() {
-            Ok(s) => break s,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(source) => {
-                return Err(ExecError::Spawn {
-                    command: program.clone(),
-                    source,
-                });
-            }
-        }
-    };
+    let status = child.wait().map_err(|source| ExecError::Spawn {
+        command: program.clone(),
+        source,
+    })?;
     CHILD.store(0, Ordering::Relaxed);
     Ok(status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use nix::errno::Errno;
+    use nix::mount::MsFlags;
+    use nix::sched::CloneFlags;
+
+    use super::*;
+    use crate::sys::fake::{Call, Fake};
+
+    fn tree() -> Tree {
+        let mut t = Tree::new();
+        t.file("proc/driver/nvidia/version", "NVRM\n");
+        t.chardev("dev/nvidiactl", 195, 255, 0o666);
+        t
+    }
+
+    fn private_root() -> Call {
+        Call::Mount {
+            source: None,
+            target: PathBuf::from("/"),
+            flags: MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        }
+    }
+
+    /// What [`serve`] chose with `fake`, the root it served at and the temporary directory
+    /// holding it.
+    fn served(fake: &Fake) -> (Option<PathBuf>, Backing, PathBuf, tempfile::TempDir) {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("fs");
+        let (mounted, backing) = serve(fake, &tree(), &root).unwrap();
+        (mounted, backing, root, tmp)
+    }
+
+    #[test]
+    fn root_mounts_fuse_in_a_private_namespace() {
+        let fake = Fake::new(true);
+        let (mounted, backing, root, _tmp) = served(&fake);
+        assert_eq!(backing, Backing::PrivateFuse);
+        assert_eq!(mounted.as_deref(), Some(root.as_path()));
+        assert_eq!(
+            fake.calls(),
+            [
+                Call::Unshare(CloneFlags::CLONE_NEWNS),
+                private_root(),
+                Call::MountFuse(root.clone()),
+            ]
+        );
+    }
+
+    #[test]
+    fn root_without_a_private_namespace_still_mounts_fuse() {
+        let fake = Fake::new(true).fail(|c| matches!(c, Call::Unshare(_)), Errno::EPERM);
+        let (_, backing, root, _tmp) = served(&fake);
+        assert_eq!(backing, Backing::Fuse);
+        assert_eq!(
+            fake.calls(),
+            [
+                Call::Unshare(CloneFlags::CLONE_NEWNS),
+                Call::MountFuse(root.clone())
+            ]
+        );
+    }
+
+    #[test]
+    fn an_ordinary_user_mounts_fuse_without_unsharing() {
+        let fake = Fake::new(false);
+        let (_, backing, root, _tmp) = served(&fake);
+        assert_eq!(backing, Backing::Fuse);
+        assert_eq!(fake.calls(), [Call::MountFuse(root.clone())]);
+    }
+
+    #[test]
+    fn without_fuse_a_rendered_copy_is_served() {
+        let fake = Fake::new(false)
+            .fail(|c| matches!(c, Call::MountFuse(_)), Errno::ENODEV)
+            .fail(|c| matches!(c, Call::Mknod { .. }), Errno::EPERM);
+        let (mounted, backing, root, _tmp) = served(&fake);
+        assert_eq!(backing, Backing::Rendered);
+        assert!(mounted.is_none());
+        assert_eq!(
+            std::fs::read_to_string(root.join("proc/driver/nvidia/version")).unwrap(),
+            "NVRM\n"
+        );
+        assert!(matches!(
+            fake.calls().as_slice(),
+            [Call::MountFuse(_), Call::Mknod { path, .. }] if path == &root.join("dev/nvidiactl")
+        ));
+    }
+
+    #[test]
+    fn the_reaper_detaches_then_deletes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("mockgpu-exec.x");
+        std::fs::create_dir_all(dir.join("fs/proc")).unwrap();
+        let fake = Fake::new(true).mounted(&dir.join("fs"));
+        reap(&fake, &dir);
+        assert_eq!(
+            fake.calls(),
+            [Call::Umount2 {
+                target: dir.join("fs"),
+                flags: MntFlags::MNT_DETACH
+            }]
+        );
+        assert!(!fake.is_mounted(&dir.join("fs")));
+        assert!(!dir.exists());
+    }
 }

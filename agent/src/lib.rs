@@ -10,4 +10,5 @@ pub mod real;
 pub mod render;
 pub mod serve;
 pub mod shim;
+pub mod sys;
 pub mod tree;

@@ -365,11 +365,11 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
     let dir = cfg.layout.host_dir();
     let mountpoint = cfg.layout.mount_point();
     if nix::unistd::geteuid().is_root() {
-        mounts::make_shared(dir)?;
+        mounts::make_shared(&crate::sys::Linux, dir)?;
     } else {
         tracing::warn!(dir = %dir.display(), "not root: cannot make the directory a shared mount; containers will not see agent restarts");
     }
-    if mounts::detach_stale(&mountpoint)? {
+    if mounts::detach_stale(&crate::sys::Linux, &mountpoint)? {
         tracing::warn!(mountpoint = %mountpoint.display(), "detached a stale mount left by a previous agent");
     }
     fs::create_dir_all(&mountpoint).map_err(|source| ServeError::Install {

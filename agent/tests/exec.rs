@@ -1,11 +1,31 @@
-//! Real programs under `mockgpu-agent exec` (needs root or fusermount3, the shim, and the
-//! programs: coreutils, findutils, python3, pciutils, hwloc; CI installs them).
+//! Real programs under `mockgpu-agent exec` (needs root, /dev/fuse, fusermount3, the shim, and
+//! the programs: coreutils, findutils, python3, pciutils, hwloc, util-linux; CI installs them).
+//! Tests that mount something, or whose agent is killed, run in a private mount namespace of
+//! their own, so that no mount outlives them, even when they fail.
 
-use std::process::Command;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use mockgpu_agent::sys::{Linux, Sys};
+use nix::mount::MsFlags;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+mod common;
+
+use common::{in_private_namespace, wait_for};
+
+fn agent() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+}
 
 /// Runs `mockgpu-agent exec [args] -- cmd…` and returns (exit code, stdout, stderr).
 fn exec(profile: &[&str], cmd: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+    let out = agent()
         .arg("exec")
         .args(["--node-name", "node-0"])
         .args(profile)
@@ -190,44 +210,261 @@ fn hwloc_places_each_gpu_at_its_local_cpus() {
     assert_eq!(gpus, 8, "{xml}");
 }
 
+/// An `exec` whose command reports its pid in a file once it runs, then sleeps.
+struct Running {
+    agent: Child,
+    /// The command's pid.
+    command: Pid,
+}
+
+impl Drop for Running {
+    /// A failing assertion must not leave an agent running.
+    fn drop(&mut self) {
+        let _ = self.agent.kill();
+        let _ = self.agent.wait();
+    }
+}
+
+/// Starts `agent exec -- sh -c …` with `tmp` as its `TMPDIR` and waits until the command runs.
+fn start_sleeper(mut agent: Command, tmp: &Path) -> Running {
+    let ready = tempfile::tempdir().unwrap();
+    fs::set_permissions(ready.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let file = ready.path().join("pid");
+    // The pid file appears (atomically) only once the command can read the tree.
+    let script = format!(
+        "ls /proc/driver/nvidia/gpus > /dev/null && echo $$ > {f}.tmp && mv {f}.tmp {f} && exec sleep 30",
+        f = file.display()
+    );
+    let agent = agent
+        .args(["exec", "--", "sh", "-c", &script])
+        .env("TMPDIR", tmp)
+        .spawn()
+        .unwrap();
+    let mut running = Running {
+        agent,
+        command: Pid::from_raw(0),
+    };
+    wait_for("the command to run", || file.exists());
+    running.command = Pid::from_raw(fs::read_to_string(&file).unwrap().trim().parse().unwrap());
+    running
+}
+
+/// Whether the process is gone (or a zombie nobody has reaped yet).
+fn gone(pid: Pid) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit(") ").next().unwrap_or("").starts_with('Z')
+    })
+}
+
+fn empty(dir: &Path) -> bool {
+    fs::read_dir(dir).unwrap().count() == 0
+}
+
+fn mounted_below(dir: &Path) -> bool {
+    Linux.mountinfo().unwrap().contains(dir.to_str().unwrap())
+}
+
 #[test]
 fn sigterm_reaches_the_command_and_everything_is_cleaned_up() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
-        .args([
-            "exec",
-            "--",
-            "sh",
-            "-c",
-            "ls /proc/driver/nvidia/gpus > /dev/null && exec sleep 30",
-        ])
-        .env("TMPDIR", tmp.path())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while std::fs::read_dir(tmp.path()).unwrap().count() == 0 {
-        assert!(
-            started.elapsed().as_secs() < 10,
-            "exec made no temporary directory"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    in_private_namespace(|| {
+        let mut run = start_sleeper(agent(), tmp.path());
+        kill(Pid::from_raw(run.agent.id() as i32), Signal::SIGTERM).unwrap();
+        let status = run.agent.wait().unwrap();
+        assert_eq!(status.code(), Some(128 + 15), "{status}");
+        assert!(gone(run.command), "the command outlived the agent");
+        assert!(empty(tmp.path()), "temporary files left behind");
+        assert!(!mounted_below(tmp.path()), "mount left behind");
+    })
+}
+
+#[test]
+fn sigterm_while_exec_sets_up_still_reaches_the_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    in_private_namespace(|| {
+        let mut agent = agent()
+            .args(["exec", "--", "sleep", "30"])
+            .env("TMPDIR", tmp.path())
+            .spawn()
+            .unwrap();
+        // The temporary directory appears before the tree is mounted and the command started.
+        let start = Instant::now();
+        while empty(tmp.path()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no temporary directory"
+            );
+            std::thread::yield_now();
+        }
+        kill(Pid::from_raw(agent.id() as i32), Signal::SIGTERM).unwrap();
+        let status = agent.wait().unwrap();
+        assert_eq!(status.code(), Some(128 + 15), "{status}");
+        assert!(empty(tmp.path()), "temporary files left behind");
+    })
+}
+
+/// SIGKILLs the agent: its command dies with it, and its temporary directory (with the mount in
+/// it, if the test's namespace holds one) goes soon after.
+fn kill_agent_and_check(mut run: Running, tmp: &Path) {
+    run.agent.kill().unwrap();
+    let status = run.agent.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    wait_for("the command to die with the agent", || gone(run.command));
+    wait_for("the temporary directory to be removed", || empty(tmp));
+    assert!(!mounted_below(tmp), "mount left behind");
+}
+
+#[test]
+fn sigkill_of_the_agent_takes_the_command_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    in_private_namespace(|| {
+        let run = start_sleeper(agent(), tmp.path());
+        kill_agent_and_check(run, tmp.path());
+    })
+}
+
+const NOBODY: u32 = 65534;
+
+/// A copy of the agent that an ordinary user may run, and a `TMPDIR` that user may write.
+struct Unprivileged {
+    bin: PathBuf,
+    tmp: tempfile::TempDir,
+    dir: tempfile::TempDir,
+}
+
+impl Unprivileged {
+    fn new() -> Unprivileged {
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = dir.path().join("mockgpu-agent");
+        // Copied by another process: a write descriptor open in this one could leak into a
+        // child another test thread forks meanwhile, and running the copy would fail with
+        // ETXTBSY.
+        let status = Command::new("install")
+            .args(["-m", "0755", env!("CARGO_BIN_EXE_mockgpu-agent")])
+            .arg(&bin)
+            .status()
+            .unwrap();
+        assert!(status.success(), "install: {status}");
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        Unprivileged { bin, tmp, dir }
     }
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(128 + 15), "{status}");
+
+    /// The agent as uid and gid 65534 without supplementary groups.
+    fn agent(&self) -> Command {
+        let mut cmd = Command::new(&self.bin);
+        cmd.env("TMPDIR", self.tmp.path())
+            .current_dir(self.tmp.path());
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(NOBODY) != 0
+                    || libc::setuid(NOBODY) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Runs `exec -- sh -c script` as [`Unprivileged::agent`] with debug logs; returns (stdout,
+    /// stderr) of a successful run that left nothing behind.
+    fn exec(&self, script: &str) -> (String, String) {
+        let out = self
+            .agent()
+            .env("RUST_LOG", "mockgpu_agent=debug")
+            .args(["exec", "--node-name", "node-0", "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{}: {stderr}", out.status);
+        assert!(empty(self.tmp.path()), "temporary files left behind");
+        (String::from_utf8(out.stdout).unwrap(), stderr)
+    }
+}
+
+/// Bind-mounts over `/dev/fuse` (in the test thread's private namespace) a file made by `make`.
+fn replace_dev_fuse(dir: &Path, make: impl FnOnce(&Path)) {
+    let file = dir.join("fuse");
+    make(&file);
+    Linux
+        .mount(Some(&file), Path::new("/dev/fuse"), MsFlags::MS_BIND)
+        .unwrap();
+}
+
+/// What an ordinary user reads through `exec`: the GPUs' information files and `lspci`.
+const READ: &str = "cat /proc/driver/nvidia/gpus/*/information; lspci -d 10de: -n";
+
+/// The command's view of its own FUSE mount (the host may have other agents' mounts).
+const OWN_MOUNT: &str = r#"grep ' fuse.mockgpu ' /proc/self/mountinfo | grep -F " $TMPDIR/""#;
+
+fn assert_read(stdout: &str) {
     assert_eq!(
-        std::fs::read_dir(tmp.path()).unwrap().count(),
-        0,
-        "temporary files left behind"
+        stdout.matches("Model: \t\t NVIDIA GB300").count(),
+        4,
+        "{stdout}"
     );
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        !mounts.contains(tmp.path().to_str().unwrap()),
-        "mount left behind"
-    );
+    let lspci = stdout.lines().filter(|l| l.contains(" 0302: 10de:31c2"));
+    assert_eq!(lspci.count(), 4, "{stdout}");
+}
+
+/// Gives the test thread's namespace a FUSE device that an ordinary user may open, as
+/// distributions ship it (this host's may be 0600).
+fn usable_dev_fuse(dir: &Path) {
+    replace_dev_fuse(dir, |node| {
+        Linux
+            .mknod(
+                node,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::empty(),
+                nix::sys::stat::makedev(10, 229),
+            )
+            .unwrap();
+        fs::set_permissions(node, fs::Permissions::from_mode(0o666)).unwrap();
+    });
+}
+
+#[test]
+fn an_ordinary_user_gets_an_owner_only_fuse_mount_through_fusermount3() {
+    let user = Unprivileged::new();
+    in_private_namespace(|| {
+        usable_dev_fuse(user.dir.path());
+        let (stdout, stderr) = user.exec(&format!("{READ}; {OWN_MOUNT}"));
+        assert!(stderr.contains("backing=Fuse"), "{stderr}");
+        assert_read(&stdout);
+        let mount = stdout.lines().last().unwrap();
+        assert!(mount.contains("user_id=65534"), "{mount}");
+        assert!(!mount.contains("allow_other"), "{mount}");
+    })
+}
+
+#[test]
+fn without_a_usable_fuse_device_an_ordinary_user_gets_a_rendered_copy() {
+    let user = Unprivileged::new();
+    in_private_namespace(|| {
+        replace_dev_fuse(user.dir.path(), |file| {
+            fs::write(file, "").unwrap();
+            fs::set_permissions(file, fs::Permissions::from_mode(0o000)).unwrap();
+        });
+        let (stdout, stderr) = user.exec(&format!("{READ}; {OWN_MOUNT} | wc -l"));
+        assert!(stderr.contains("backing=Rendered"), "{stderr}");
+        assert!(stderr.contains("FUSE unavailable"), "{stderr}");
+        assert_read(&stdout);
+        assert_eq!(stdout.lines().last(), Some("0"), "no FUSE mount: {stdout}");
+    })
+}
+
+#[test]
+fn sigkill_of_an_ordinary_users_agent_leaves_no_fuse_mount() {
+    let user = Unprivileged::new();
+    in_private_namespace(|| {
+        usable_dev_fuse(user.dir.path());
+        let run = start_sleeper(user.agent(), user.tmp.path());
+        assert!(mounted_below(user.tmp.path()), "served over fusermount3");
+        kill_agent_and_check(run, user.tmp.path());
+    })
 }

@@ -1,36 +1,25 @@
 //! `mockgpu-agent serve` as a process (needs root and /dev/fuse): mounts, installs the shim,
 //! answers health checks, follows a ConfigMap-style profile swap, survives a SIGKILLed
-//! predecessor's stale mount and unmounts on SIGTERM.
+//! predecessor's stale mount, leaves a live agent's mount alone and unmounts on SIGTERM. Each
+//! test runs in a private mount namespace of its own (agents inherit it), so that no mount
+//! outlives it, even when it fails.
+
+mod common;
 
 use std::fs;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use common::{in_private_namespace, wait_for};
+use mockgpu_agent::mounts::is_mount_point;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(port: u16, path: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
         s,
@@ -54,7 +43,10 @@ fn configmap_write(dir: &Path, version: u32, content: &str) {
 
 struct Agent {
     child: Child,
-    port: u16,
+    /// The health endpoint's address.
+    addr: SocketAddr,
+    /// Everything the agent logged so far.
+    log: Arc<Mutex<String>>,
 }
 
 impl Drop for Agent {
@@ -65,26 +57,77 @@ impl Drop for Agent {
     }
 }
 
+impl Agent {
+    /// Starts `mockgpu-agent serve ARGS --listen 127.0.0.1:0`, keeps its stderr drained into
+    /// `log` and waits for the address it logs.
+    fn start(args: &[&std::ffi::OsStr]) -> Agent {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+            .arg("serve")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut agent = Agent {
+            child,
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            log,
+        };
+        let mut addr = None;
+        wait_for("the health endpoint's address", || {
+            addr = agent
+                .logged("health endpoint listening addr=")
+                .and_then(|a| a.parse().ok());
+            addr.is_some()
+        });
+        agent.addr = addr.unwrap();
+        agent
+    }
+
+    /// The rest of the first logged line's word that starts with `prefix`, once it is logged.
+    fn logged(&self, prefix: &str) -> Option<String> {
+        let log = self.log.lock().unwrap();
+        let (_, rest) = log.split_once(prefix)?;
+        let word = rest.split_whitespace().next()?;
+        Some(word.to_string())
+    }
+
+    /// Waits for the agent to exit; returns its status and its log.
+    fn exit(&mut self) -> (std::process::ExitStatus, String) {
+        let mut status = None;
+        wait_for("the agent to exit", || {
+            status = self.child.try_wait().unwrap();
+            status.is_some()
+        });
+        // The drain thread ends with the pipe; wait for what it still holds.
+        wait_for("the agent's last log lines", || {
+            Arc::strong_count(&self.log) == 1
+        });
+        (status.unwrap(), self.log.lock().unwrap().clone())
+    }
+}
+
 fn start(profile: &Path, mountpoint: &Path) -> Agent {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
-        .args([
-            "serve",
-            "--node-name",
-            "node-0",
-            "--reload-interval",
-            "0.1",
-            "--listen",
-        ])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--profile-file")
-        .arg(profile)
-        .arg("--dir")
-        .arg(mountpoint.parent().unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Agent { child, port }
+    Agent::start(&[
+        "--node-name".as_ref(),
+        "node-0".as_ref(),
+        "--reload-interval".as_ref(),
+        "0.1".as_ref(),
+        "--profile-file".as_ref(),
+        profile.as_os_str(),
+        "--dir".as_ref(),
+        mountpoint.parent().unwrap().as_os_str(),
+    ])
 }
 
 fn gpu_count(mountpoint: &Path) -> usize {
@@ -94,106 +137,119 @@ fn gpu_count(mountpoint: &Path) -> usize {
 #[test]
 fn serve_lifecycle() {
     let dir = tempfile::tempdir().unwrap();
-    let cm = dir.path().join("config");
-    fs::create_dir(&cm).unwrap();
-    configmap_write(&cm, 1, "base: gb300\n");
-    symlink("..data/profile.yaml", cm.join("profile.yaml")).unwrap();
-    let run: PathBuf = dir.path().join("run");
-    let mnt = run.join("fs");
+    in_private_namespace(|| {
+        let cm = dir.path().join("config");
+        fs::create_dir(&cm).unwrap();
+        configmap_write(&cm, 1, "base: gb300\n");
+        symlink("..data/profile.yaml", cm.join("profile.yaml")).unwrap();
+        let run: PathBuf = dir.path().join("run");
+        let mnt = run.join("fs");
 
-    let mut agent = start(&cm.join("profile.yaml"), &mnt);
-    wait_for("the tree", || gpu_count(&mnt) == 4);
-    assert!(http_get(agent.port, "/healthz").starts_with("HTTP/1.1 200"));
-    wait_for("readiness", || {
-        http_get(agent.port, "/readyz").starts_with("HTTP/1.1 200")
-    });
-    let metrics = http_get(agent.port, "/metrics");
-    assert!(metrics.contains("mockgpu_gpus 4"), "{metrics}");
-    assert_eq!(
-        &fs::read(run.join("lib/libmockfs.so")).unwrap()[..4],
-        b"\x7fELF"
-    );
-    assert_eq!(
-        fs::read_to_string(run.join("ld.so.preload")).unwrap(),
-        "/run/mockgpu/lib/libmockfs.so\n"
-    );
-    assert!(
-        mockgpu_agent::mounts::is_mount_point(&run),
-        "parent made a mount point"
-    );
+        let mut agent = start(&cm.join("profile.yaml"), &mnt);
+        wait_for("the tree", || gpu_count(&mnt) == 4);
+        assert!(http_get(agent.addr, "/healthz").starts_with("HTTP/1.1 200"));
+        wait_for("readiness", || {
+            http_get(agent.addr, "/readyz").starts_with("HTTP/1.1 200")
+        });
+        let metrics = http_get(agent.addr, "/metrics");
+        assert!(metrics.contains("mockgpu_gpus 4"), "{metrics}");
+        assert_eq!(
+            &fs::read(run.join("lib/libmockfs.so")).unwrap()[..4],
+            b"\x7fELF"
+        );
+        assert_eq!(
+            fs::read_to_string(run.join("ld.so.preload")).unwrap(),
+            "/run/mockgpu/lib/libmockfs.so\n"
+        );
+        assert!(is_mount_point(&run), "parent made a mount point");
 
-    // ConfigMap update: 4 -> 2 GPUs without a remount.
-    configmap_write(&cm, 2, "base: gb300\ngpus: 2\n");
-    wait_for("the reload", || gpu_count(&mnt) == 2);
-    // A broken profile is rejected and the previous tree stays.
-    configmap_write(&cm, 3, "base: gb300\ngpus: [\n");
-    wait_for("the rejection", || {
-        http_get(agent.port, "/metrics").contains("mockgpu_profile_reload_errors_total 1")
-    });
-    assert_eq!(gpu_count(&mnt), 2);
+        // ConfigMap update: 4 -> 2 GPUs without a remount.
+        configmap_write(&cm, 2, "base: gb300\ngpus: 2\n");
+        wait_for("the reload", || gpu_count(&mnt) == 2);
+        // A broken profile is rejected and the previous tree stays.
+        configmap_write(&cm, 3, "base: gb300\ngpus: [\n");
+        wait_for("the rejection", || {
+            http_get(agent.addr, "/metrics").contains("mockgpu_profile_reload_errors_total 1")
+        });
+        assert_eq!(gpu_count(&mnt), 2);
 
-    // SIGKILL leaves a dead mount behind; the next agent detaches it and serves again.
-    agent.child.kill().unwrap();
-    agent.child.wait().unwrap();
-    // The dead mount still answers what the agent had warmed into the kernel's caches; anything
-    // that needs the agent fails with ENOTCONN.
-    let err = fs::metadata(mnt.join("not-there")).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
-    assert!(
-        fs::read_to_string(mnt.join("proc/driver/nvidia/version"))
-            .unwrap()
-            .starts_with("NVRM")
-    );
-    configmap_write(&cm, 4, "base: gb300\n");
-    drop(agent);
-    let mut agent = start(&cm.join("profile.yaml"), &mnt);
-    wait_for("the restarted tree", || gpu_count(&mnt) == 4);
+        // A second agent on the same mount point leaves the live one alone.
+        let other = dir.path().join("other.yaml");
+        fs::write(&other, "base: gb300\n").unwrap();
+        let (status, log) = start(&other, &mnt).exit();
+        assert_eq!(status.code(), Some(1), "{log}");
+        assert!(
+            log.contains(&format!(
+                "another process serves the mount point {}",
+                mnt.display()
+            )),
+            "{log}"
+        );
+        assert_eq!(gpu_count(&mnt), 2, "the live agent still serves");
+        assert!(http_get(agent.addr, "/readyz").starts_with("HTTP/1.1 200"));
 
-    // SIGTERM: clean unmount and exit status 0.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = agent.child.wait().unwrap();
-    assert!(status.success(), "{status}");
-    assert!(!mockgpu_agent::mounts::is_mount_point(&mnt));
-    nix::mount::umount2(&run, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        // SIGKILL leaves a dead mount behind; the next agent detaches it and serves again.
+        agent.child.kill().unwrap();
+        agent.child.wait().unwrap();
+        // The dead mount still answers what the agent had warmed into the kernel's caches; anything
+        // that needs the agent fails with ENOTCONN.
+        let err = fs::metadata(mnt.join("not-there")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+        assert!(
+            fs::read_to_string(mnt.join("proc/driver/nvidia/version"))
+                .unwrap()
+                .starts_with("NVRM")
+        );
+        configmap_write(&cm, 4, "base: gb300\n");
+        drop(agent);
+        let mut agent = start(&cm.join("profile.yaml"), &mnt);
+        wait_for("the restarted tree", || gpu_count(&mnt) == 4);
+        assert!(
+            agent.log.lock().unwrap().contains("detached a stale mount"),
+            "{}",
+            agent.log.lock().unwrap()
+        );
+
+        // SIGTERM: clean unmount and exit status 0.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(agent.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let (status, log) = agent.exit();
+        assert!(status.success(), "{status}: {log}");
+        assert!(log.contains("driver tree unmounted"), "{log}");
+        assert!(!is_mount_point(&mnt));
+    })
 }
 
 #[test]
 fn real_driver_means_report_only() {
     let dir = tempfile::tempdir().unwrap();
-    let real = dir.path().join("real");
-    let out = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
-        .args(["render", "--profile", "h100", "--out"])
-        .arg(&real)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let port = free_port();
-    let mnt = dir.path().join("run/fs");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
-        .args(["serve", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--procfs")
-        .arg(real.join("proc"))
-        .arg("--sysfs")
-        .arg(real.join("sys"))
-        .arg("--dir")
-        .arg(mnt.parent().unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for("the report", || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
-            && http_get(port, "/metrics").contains("mockgpu_real_gpus 8")
-    });
-    assert!(http_get(port, "/readyz").starts_with("HTTP/1.1 200"));
-    assert!(
-        !mnt.exists(),
-        "nothing is mounted or installed on a real GPU node"
-    );
-    child.kill().unwrap();
-    child.wait().unwrap();
+    in_private_namespace(|| {
+        let real = dir.path().join("real");
+        let out = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+            .args(["render", "--profile", "h100", "--out"])
+            .arg(&real)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let mnt = dir.path().join("run/fs");
+        let agent = Agent::start(&[
+            "--procfs".as_ref(),
+            real.join("proc").as_os_str(),
+            "--sysfs".as_ref(),
+            real.join("sys").as_os_str(),
+            "--dir".as_ref(),
+            mnt.parent().unwrap().as_os_str(),
+        ]);
+        wait_for("the report", || {
+            http_get(agent.addr, "/metrics").contains("mockgpu_real_gpus 8")
+        });
+        assert!(http_get(agent.addr, "/readyz").starts_with("HTTP/1.1 200"));
+        assert!(
+            !mnt.exists(),
+            "nothing is mounted or installed on a real GPU node"
+        );
+    })
 }

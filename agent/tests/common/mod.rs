@@ -113,3 +113,31 @@ pub fn dump(tree: &Tree) -> String {
     }
     out
 }
+
+/// Runs `f` on a fresh thread in a private mount namespace of its own, which processes it
+/// starts inherit: whatever it mounts vanishes with the thread and those processes, even when
+/// it fails. A test's panic is passed on. Make temporary directories before calling it: one that
+/// holds a mount point of the namespace cannot be removed from inside it.
+pub fn in_private_namespace<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    use mockgpu_agent::sys::{Linux, enter_private_namespace};
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter_private_namespace(&Linux).expect("cannot enter a private mount namespace");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// Waits until `cond` holds, for at most 15 seconds.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(15),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
