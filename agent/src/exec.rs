@@ -113,10 +113,10 @@ pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecErro
     };
     tracing::debug!(root = %root.display(), ?backing, "mock root ready");
     let code = spawn_and_wait(command, &lib, &root);
-    if let Some(m) = mounted {
-        if let Err(e) = m.unmount() {
-            tracing::warn!(error = %e, "unmounting the temporary tree failed");
-        }
+    if let Some(m) = mounted
+        && let Err(e) = m.unmount()
+    {
+        tracing::warn!(error = %e, "unmounting the temporary tree failed");
     }
     Ok((code?, backing))
 }

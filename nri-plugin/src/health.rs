@@ -207,10 +207,10 @@ impl Histogram {
     pub fn observe(&self, value: Duration) {
         use std::sync::atomic::Ordering::Relaxed;
         let secs = value.as_secs_f64();
-        if let Some(i) = self.bounds.iter().position(|b| secs <= *b) {
-            if let Some(bucket) = self.buckets.get(i) {
-                bucket.fetch_add(1, Relaxed);
-            }
+        if let Some(i) = self.bounds.iter().position(|b| secs <= *b)
+            && let Some(bucket) = self.buckets.get(i)
+        {
+            bucket.fetch_add(1, Relaxed);
         }
         self.count.fetch_add(1, Relaxed);
         let nanos = u64::try_from(value.as_nanos()).unwrap_or(u64::MAX);
