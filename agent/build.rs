@@ -2,7 +2,8 @@
 //! `serve` install it from the agent's own binary, and no separate artifact has to be found.
 //!
 //! The shim is built in release mode with a nested cargo into its own target directory under
-//! `OUT_DIR` (a different directory than the outer build's, so the two never wait on each other).
+//! `OUT_DIR` (a different directory than the outer build's, so the two never wait on each other),
+//! for the agent's target triple: an aarch64 agent built on an x86-64 host carries an aarch64 shim.
 
 use std::env;
 use std::path::PathBuf;
@@ -11,28 +12,52 @@ use std::process::Command;
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let shim_dir = manifest_dir.join("../mockfs-shim");
-    for path in ["src", "build.rs", "Cargo.toml"] {
-        println!("cargo:rerun-if-changed={}", shim_dir.join(path).display());
+    let workspace_dir = manifest_dir.join("..");
+    // The shim's sources, and the workspace files that choose its dependencies and profile.
+    for path in [
+        shim_dir.join("src"),
+        shim_dir.join("build.rs"),
+        shim_dir.join("Cargo.toml"),
+        workspace_dir.join("Cargo.toml"),
+        workspace_dir.join("Cargo.lock"),
+    ] {
+        println!("cargo:rerun-if-changed={}", path.display());
     }
+    let target = env::var("TARGET").expect("TARGET");
+    // The linker cargo chose for the target (`target.<triple>.linker` in a config file or
+    // `--config`), handed to the nested cargo in the variable it reads.
+    let linker_var = format!(
+        "CARGO_TARGET_{}_LINKER",
+        target.to_uppercase().replace(['-', '.'], "_")
+    );
+    println!("cargo:rerun-if-env-changed={linker_var}");
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
     let target_dir = out_dir.join("shim-target");
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--release", "--quiet", "--manifest-path"])
+    let mut build = Command::new(cargo);
+    // `--target` even when it equals the host: one layout (`<dir>/<triple>/release`) for native
+    // and cross builds, so every build exercises the path a cross build takes.
+    build
+        .args(["build", "--release", "--quiet", "--target", &target])
+        .arg("--manifest-path")
         .arg(shim_dir.join("Cargo.toml"))
         .arg("--target-dir")
         .arg(&target_dir)
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("CARGO_BUILD_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_RUSTFLAGS");
+    if let Some(linker) = env::var_os("RUSTC_LINKER") {
+        build.env(&linker_var, linker);
+    }
+    let status = build
         .status()
         .expect("cannot run cargo to build mockfs-shim");
     assert!(
         status.success(),
-        "building mockfs-shim (libmockfs.so) failed"
+        "building mockfs-shim (libmockfs.so) for {target} failed"
     );
-    let lib = target_dir.join("release/libmockfs.so");
+    let lib = target_dir.join(&target).join("release/libmockfs.so");
     assert!(lib.exists(), "{} was not built", lib.display());
     println!("cargo:rustc-env=MOCKGPU_SHIM_PATH={}", lib.display());
 }

@@ -19,6 +19,10 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+step "cargo build (debug)"
+cargo build --workspace
+step "cargo build --release"
+cargo build --workspace --release
 step "cargo test"
 cargo test --workspace
 step "node test bed"

@@ -127,10 +127,10 @@ pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecErro
     let (mounted, backing) = serve(&Linux, tree, &root)?;
     tracing::debug!(root = %root.display(), ?backing, "mock root ready");
     let code = spawn_and_wait(command, &lib, &root, &forwarded);
-    if let Some(m) = mounted {
-        if let Err(e) = Linux.unmount_fuse(m) {
-            tracing::warn!(error = %e, "unmounting the temporary tree failed");
-        }
+    if let Some(m) = mounted
+        && let Err(e) = Linux.unmount_fuse(m)
+    {
+        tracing::warn!(error = %e, "unmounting the temporary tree failed");
     }
     Ok((code?, backing))
 }

@@ -478,10 +478,10 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     drop(reload_stop);
-    if let Some(t) = nri_task {
-        if let Ok(Err(e)) = t.await {
-            tracing::warn!(error = %e, "NRI plugin ended with an error");
-        }
+    if let Some(t) = nri_task
+        && let Ok(Err(e)) = t.await
+    {
+        tracing::warn!(error = %e, "NRI plugin ended with an error");
     }
     state.mounted.store(false, Ordering::Release);
     let mountpoint = cfg.layout.mount_point();

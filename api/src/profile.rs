@@ -245,8 +245,15 @@ fn builtin_text(name: &str) -> Option<&'static str> {
     BUILTIN.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
 }
 
+/// Parses one profile document. Only the YAML 1.2 booleans (`true`, `false`) are booleans, and
+/// errors are one line ending in `at line L, column C` (no excerpt of the file: they are logged).
+/// serde-saphyr's default budget bounds hostile input (alias bombs, deep nesting).
 fn parse_spec(text: &str, source: &str) -> Result<ProfileSpec, ProfileError> {
-    serde_yaml::from_str(text).map_err(|e| ProfileError {
+    let options = serde_saphyr::options! {
+        strict_booleans: true,
+        with_snippet: false,
+    };
+    serde_saphyr::from_str_with_options(text, options).map_err(|e| ProfileError {
         origin: source.to_string(),
         field: None,
         message: e.to_string(),
@@ -466,6 +473,9 @@ mod tests {
         let e = error_of("base: gb300\ngpuz: 4\n");
         assert!(e.to_string().contains("unknown field `gpuz`"), "{e}");
         assert!(e.to_string().contains("bad.yaml"), "{e}");
+        assert!(e.message.ends_with("at line 2, column 1"), "{e}");
+        let e = error_of("base: gb300\nsockets: [2, two]\n");
+        assert!(e.message.ends_with("at line 2, column 14"), "{e}");
         assert_eq!(
             error_of("base: gb300\ngpus: 0\n").field.as_deref(),
             Some("gpus")
@@ -491,6 +501,9 @@ mod tests {
             e.field.is_none() && e.to_string().contains("bad.yaml"),
             "{e}"
         );
+        assert!(e.message.ends_with("at line 2, column 7"), "{e}");
+        let e = error_of("base: gb300\ncoherent_memory: yes\n");
+        assert!(e.message.ends_with("at line 2, column 18"), "{e}");
         assert_eq!(
             error_of("base: h100\nnuma_status: true\n").field.as_deref(),
             Some("numa_status")
@@ -501,6 +514,21 @@ mod tests {
                 .as_deref(),
             Some("bus_ids")
         );
+    }
+
+    #[test]
+    fn hostile_documents_are_refused_at_a_bound() {
+        let deep = format!("sockets: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+        let e = error_of(&deep);
+        assert!(
+            e.message.contains("recursion limit exceeded at line 1"),
+            "{e}"
+        );
+        // 60,000 aliases: each is one small value, but the count is past the alias budget.
+        let flood = format!("gpus: &g 1\nsockets: [{}]\n", ["*g"; 60_000].join(", "));
+        let e = error_of(&flood);
+        assert!(e.message.contains("budget breached"), "{e}");
+        assert!(e.message.contains("at line 2"), "{e}");
     }
 
     #[test]

@@ -6,6 +6,12 @@ use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::path::{PATH_MAX, TooLong};
 
+// Linked explicitly: libc's own `#[link(name = "c")]` is left out when its `std` feature is on
+// (it expects `std` to link libc), and in a whole-workspace build feature unification turns that
+// feature on for this crate too (the agent, nix and tokio ask for it). Without `-lc` the linker
+// cannot bind the versioned `dlsym` below; GNU ld for aarch64 rejects it even when libc arrives
+// through `libdl.so.2`.
+#[link(name = "c")]
 unsafe extern "C" {
     // Pinned to the oldest version: plain `dlsym` would bind to dlsym@GLIBC_2.34.
     #[cfg_attr(target_arch = "x86_64", link_name = "dlsym@GLIBC_2.2.5")]

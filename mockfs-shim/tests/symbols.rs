@@ -74,18 +74,19 @@ fn needed_versions(elf: &[u8], secs: &[Section]) -> Vec<(String, String)> {
     }
 }
 
-/// `(name, defined)` for every dynamic symbol.
+/// `(name, defined)` for every global or weak dynamic symbol. Local entries are skipped: they
+/// are neither exported nor imported, and GNU ld for aarch64 puts some into `.dynsym`.
 fn dynamic_symbols(elf: &[u8], secs: &[Section]) -> Vec<(String, bool)> {
+    const STB_LOCAL: u8 = 0;
     let dynsym = secs
         .iter()
         .find(|s| s.kind == 11)
         .expect("a .dynsym section");
     let strtab = secs[dynsym.link].offset;
     (1..dynsym.size / 24)
-        .map(|i| {
-            let s = dynsym.offset + i * 24;
-            (c_str(elf, strtab + u32_at(elf, s)), u16_at(elf, s + 6) != 0)
-        })
+        .map(|i| dynsym.offset + i * 24)
+        .filter(|&s| elf[s + 4] >> 4 != STB_LOCAL)
+        .map(|s| (c_str(elf, strtab + u32_at(elf, s)), u16_at(elf, s + 6) != 0))
         .collect()
 }
 
@@ -98,9 +99,22 @@ fn parse_version(v: &str) -> Vec<u32> {
 
 #[test]
 fn needs_nothing_newer_than_glibc_2_17() {
-    let elf = std::fs::read(common::shim()).unwrap();
-    let secs = sections(&elf);
-    let needed = needed_versions(&elf, &secs);
+    assert_needs_nothing_newer_than_glibc_2_17(&std::fs::read(common::shim()).unwrap());
+}
+
+/// A whole-workspace `cargo build` turns libc's `std` feature on for the shim too (feature
+/// unification: the agent, nix and tokio ask for it), and libc then leaves linking libc to `std`.
+/// The shim must still link, and with the same limits.
+#[test]
+fn links_with_libc_std_as_in_a_workspace_build() {
+    let target = common::cargo_build(&["-p", "mockfs-shim", "--features", "libc/std"]);
+    let elf = std::fs::read(target.join("debug/libmockfs.so")).unwrap();
+    assert_needs_nothing_newer_than_glibc_2_17(&elf);
+}
+
+fn assert_needs_nothing_newer_than_glibc_2_17(elf: &[u8]) {
+    let secs = sections(elf);
+    let needed = needed_versions(elf, &secs);
     assert!(
         needed.iter().any(|(_, v)| v.starts_with("GLIBC_")),
         "{needed:?}"

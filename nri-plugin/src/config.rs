@@ -43,8 +43,8 @@ pub enum ConfigError {
     Parse {
         /// Where the text came from (a path, or the runtime's Configure request).
         origin: String,
-        /// Underlying error (names the key and position).
-        source: serde_yaml::Error,
+        /// Underlying error (says what is wrong and where; boxed, being large).
+        source: Box<serde_saphyr::Error>,
     },
     /// The runtime's drop-in sets a layout key to another value than the agent's.
     #[error(
@@ -162,13 +162,19 @@ impl Config {
     }
 
     /// Parses YAML text; `origin` names its source in errors. Empty text gives the defaults.
+    /// Only `true` and `false` are booleans; errors are one line ending in
+    /// `at line L, column C`; serde-saphyr's default budget bounds hostile input.
     pub fn parse(text: &str, origin: &str) -> Result<Self> {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+        let options = serde_saphyr::options! {
+            strict_booleans: true,
+            with_snippet: false,
+        };
+        serde_saphyr::from_str_with_options(text, options).map_err(|source| ConfigError::Parse {
             origin: origin.to_owned(),
-            source,
+            source: Box::new(source),
         })
     }
 
@@ -328,6 +334,25 @@ mod tests {
             msg.contains("/etc/m.yaml") && msg.contains("fail_opn"),
             "{msg}"
         );
+        let ConfigError::Parse { source, .. } = &err else {
+            panic!("not a parse error: {err}");
+        };
+        let at = source.location().map(|l| (l.line(), l.column()));
+        assert_eq!(at, Some((2, 3)), "{msg}");
+        assert!(msg.ends_with("at line 2, column 3"), "{msg}");
+    }
+
+    #[test]
+    fn yaml_1_1_booleans_and_deep_nesting_are_refused_with_their_position() {
+        let position = |text: &str| match Config::parse(text, "c.yaml") {
+            Err(ConfigError::Parse { source, .. }) => {
+                source.location().map(|l| (l.line(), l.column()))
+            }
+            other => panic!("{text:.40}: {other:?}"),
+        };
+        assert_eq!(position("injection:\n  fail_open: yes\n"), Some((2, 14)));
+        let deep = format!("injection:\n  namespaces: {}\n", "[".repeat(100_000));
+        assert_eq!(position(&deep).map(|(line, _)| line), Some(2));
     }
 
     #[test]

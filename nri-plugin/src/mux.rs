@@ -232,10 +232,10 @@ async fn demux<S: AsyncRead>(
             }
             left -= want;
             // A logical connection whose user went away only loses its own data.
-            if let Some(conn) = target.as_mut() {
-                if conn.write_all(buf).await.is_err() {
-                    target = None;
-                }
+            if let Some(conn) = target.as_mut()
+                && conn.write_all(buf).await.is_err()
+            {
+                target = None;
             }
         }
     }
