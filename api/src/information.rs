@@ -127,19 +127,11 @@ pub fn render(p: &Profile, gpu: &Gpu) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CpuSet, HostSocket, HostTopology, NodeTopology};
+    use crate::NodeTopology;
 
     #[test]
     fn parses_what_it_renders_for_every_builtin() {
-        let host = HostTopology {
-            cpus: CpuSet::from_ids(0..2),
-            nr_cpu_ids: 2,
-            sockets: vec![HostSocket {
-                id: 0,
-                cpus: CpuSet::from_ids(0..2),
-            }],
-            ..Default::default()
-        };
+        let host = crate::topology::tests::host(&[(0, 0..2)], &[]);
         for (name, _) in crate::profile::BUILTIN {
             let p = Profile::builtin(name).unwrap();
             let topo = NodeTopology::build(&p, "n", &host).unwrap();

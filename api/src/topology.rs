@@ -311,10 +311,11 @@ fn gpu_uuid(profile: &Profile, node_name: &str, index: u32) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn host(
+    /// A host with these sockets and NUMA nodes (id, CPU range each); shared by the crate's tests.
+    pub(crate) fn host(
         sockets: &[(u32, std::ops::Range<u32>)],
         numa: &[(u32, std::ops::Range<u32>)],
     ) -> HostTopology {
