@@ -92,7 +92,7 @@ pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecErro
         path: tmp.0.join("lib"),
         source,
     })?;
-    let (mounted, backing) = match fuse::mount(tree, &root) {
+    let (mounted, backing) = match fuse::mount(tree, &root, None) {
         Ok(m) => (
             Some(m),
             if private {

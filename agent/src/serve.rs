@@ -338,11 +338,13 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     })?;
     install_shim(&dir, &cfg.container_dir)?;
     let mounted: Mounted =
-        crate::fs::mount(&tree, &cfg.mountpoint).map_err(|source| ServeError::Fuse {
-            path: cfg.mountpoint.clone(),
-            source,
+        crate::fs::mount(&tree, &cfg.mountpoint, Some(&cfg.sysfs)).map_err(|source| {
+            ServeError::Fuse {
+                path: cfg.mountpoint.clone(),
+                source,
+            }
         })?;
-    let warmed = crate::fs::warm(&cfg.mountpoint, &tree);
+    let warmed = mounted.handle.warm(&tree);
     let mount_ms = started.elapsed().as_millis() as u64;
     state.mount_ms.store(mount_ms, Ordering::Relaxed);
     *state.handle.write().unwrap_or_else(|e| e.into_inner()) = Some(mounted.handle.clone());
@@ -390,11 +392,9 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
                         {
                             Ok((topo, tree)) => {
                                 let changed = handle.replace(&tree);
-                                let mountpoint = cfg.mountpoint.clone();
-                                let _ = tokio::task::spawn_blocking(move || {
-                                    crate::fs::warm(&mountpoint, &tree)
-                                })
-                                .await;
+                                let handle = handle.clone();
+                                let _ =
+                                    tokio::task::spawn_blocking(move || handle.warm(&tree)).await;
                                 state.reloads.fetch_add(1, Ordering::Relaxed);
                                 tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), changed, "profile changed: tree updated");
                                 *state.topology.write().unwrap_or_else(|e| e.into_inner()) =
