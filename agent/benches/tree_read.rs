@@ -103,14 +103,14 @@ fn time<T>(f: impl FnOnce() -> T) -> Duration {
     t.elapsed()
 }
 
-/// A one-byte ping-pong between two processes over pipes: the two cross-process wake-ups that
-/// every FUSE request also pays, measured on this machine. Returns the median round trip and the
-/// answering process's CPU time per round trip (from its schedstat): the floor of what a server
+/// `n` one-byte ping-pongs between two processes over pipes: the two cross-process wake-ups
+/// that every FUSE request also pays, measured on this machine; with `cold`, each after
+/// `drop_caches`, as the cold reads below. Returns the median round trip and the answering
+/// process's median CPU time per round trip (from its schedstat): the floor of what a server
 /// that sleeps between requests spends on each.
-fn pipe_round_trip() -> (Duration, Duration) {
+fn pipe_round_trip(n: u32, cold: bool) -> (Duration, Duration) {
     let (r1, w1) = nix::unistd::pipe().unwrap();
     let (r2, w2) = nix::unistd::pipe().unwrap();
-    let n = 2000;
     // SAFETY: the child only does read/write/_exit.
     match unsafe { nix::unistd::fork() }.unwrap() {
         nix::unistd::ForkResult::Child => {
@@ -126,19 +126,22 @@ fn pipe_round_trip() -> (Duration, Duration) {
         nix::unistd::ForkResult::Parent { child } => {
             let mut b = [0u8; 1];
             let pid = child.as_raw() as u32;
-            let cpu_before = cpu_time(pid, "");
-            let times = (0..n)
+            let (times, cpus) = (0..n)
                 .map(|_| {
-                    time(|| {
+                    if cold {
+                        drop_caches();
+                    }
+                    let cpu = cpu_time(pid, "");
+                    let t = time(|| {
                         nix::unistd::write(&w1, &b).unwrap();
                         nix::unistd::read(r2.as_raw_fd(), &mut b).unwrap();
-                    })
+                    });
+                    (t, cpu_time(pid, "") - cpu)
                 })
-                .collect();
-            let cpu = (cpu_time(pid, "") - cpu_before) / n;
+                .unzip();
             nix::unistd::write(&w1, &b).unwrap();
             nix::sys::wait::waitpid(child, None).unwrap();
-            (median(times), cpu)
+            (median(times), median(cpus))
         }
     }
 }
@@ -147,9 +150,10 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let (rtt, rtt_cpu) = pipe_round_trip();
+    let (rtt, rtt_cpu) = pipe_round_trip(2000, false);
+    let (cold_rtt, cold_rtt_cpu) = pipe_round_trip(100, true);
     println!(
-        "platform: pipe ping-pong round trip between two processes {rtt:?} (median); the answering process's CPU per round trip {rtt_cpu:?} (mean)"
+        "platform: pipe ping-pong round trip between two processes {rtt:?}, the answering process's CPU {rtt_cpu:?}; after drop_caches {cold_rtt:?}, CPU {cold_rtt_cpu:?} (medians)"
     );
     let host = SysfsHost::default().probe().unwrap();
     let topo = NodeTopology::build(&Profile::builtin("gb300").unwrap(), "bench", &host).unwrap();
