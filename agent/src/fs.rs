@@ -4,37 +4,91 @@
 //! unchanged entries; every changed or removed entry is invalidated through the kernel notifier.
 //! Files report their exact size; opens are zero-message (the kernel keeps the page cache) and
 //! TTLs are long, so warm reads are served by the kernel without a round trip to the agent.
+//!
+//! The host's part of `sys/bus/pci/devices` can be served live: listed from the host's sysfs
+//! when asked (cached for [`LIVE_TTL`], the TTL the kernel gets for those entries too), beside
+//! the mock GPUs' entries, so that a device hot-plugged after the start shows up.
+//!
+//! Directory offsets are cookies, not positions: children are listed in inode order and an
+//! entry's cookie is derived from its inode number. `opendir` stays ENOSYS (no per-open state, no
+//! request per `opendir`/`releasedir`); since inodes are never reused, a reload between two
+//! `readdir` calls of one listing can neither skip nor repeat an entry present in both trees:
+//! the next call resumes after the last cookie returned, wherever that entry is now.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
-use std::path::Path;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, Generation,
-    INodeNo, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEntry, ReplyOpen, Request, SessionACL,
+    INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry, ReplyOpen, Request, SessionACL,
 };
 
+use crate::host::SysfsHost;
 use crate::tree::{Entry, Kind, Tree};
 
 /// How long the kernel may cache entries and attributes; changes are pushed by invalidation.
 const TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a listing of the host's PCI devices is reused, and the kernel's TTL for them.
+pub const LIVE_TTL: Duration = Duration::from_secs(1);
+
+/// The directory whose host entries are served live from `<sysfs>/bus/pci/devices`.
+const HOST_PCI_DIR: &str = "sys/bus/pci/devices";
+
+/// Cookies 1 and 2 are `.` and `..`; a child's cookie is its inode number plus this.
+const DOTS: u64 = 2;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Child {
+    name: Box<str>,
+    ino: u64,
+    kind: FileType,
+}
+
+/// Children in inode order (the order `readdir` lists them in), with an index by name.
+#[derive(Default, PartialEq, Eq)]
+struct Children {
+    by_ino: Vec<Child>,
+    by_name: Vec<u32>,
+}
+
+impl Children {
+    fn new(mut by_ino: Vec<Child>) -> Children {
+        by_ino.sort_unstable_by_key(|c| c.ino);
+        let mut by_name: Vec<u32> = (0..by_ino.len() as u32).collect();
+        by_name.sort_unstable_by(|&a, &b| by_ino[a as usize].name.cmp(&by_ino[b as usize].name));
+        Children { by_ino, by_name }
+    }
+
+    fn find(&self, name: &OsStr) -> Option<&Child> {
+        let name = name.as_encoded_bytes();
+        self.by_name
+            .binary_search_by(|&i| self.by_ino[i as usize].name.as_bytes().cmp(name))
+            .ok()
+            .map(|i| &self.by_ino[self.by_name[i] as usize])
+    }
+}
 
 struct Node {
     name: String,
     parent: INodeNo,
     entry: Entry,
     attr: FileAttr,
-    children: Vec<(String, INodeNo)>,
+    children: Children,
 }
 
 /// One version of the tree, indexed by inode.
 struct Snapshot {
     nodes: HashMap<u64, Node>,
+    /// The inode of [`HOST_PCI_DIR`] when its host part is served live.
+    live_dir: Option<u64>,
 }
 
 /// Path to inode numbers, stable across reloads.
@@ -58,16 +112,21 @@ impl Inodes {
     }
 }
 
-fn attr(ino: u64, entry: &Entry, nlink: u32, time: SystemTime) -> FileAttr {
-    let (kind, size, rdev) = match &entry.kind {
-        Kind::Dir => (FileType::Directory, 0, 0),
-        Kind::File(c) => (FileType::RegularFile, c.len() as u64, 0),
-        Kind::Symlink(t) => (FileType::Symlink, t.len() as u64, 0),
-        Kind::CharDev { major, minor } => (
-            FileType::CharDevice,
-            0,
-            libc::makedev(*major, *minor) as u32,
-        ),
+fn file_type(kind: &Kind) -> FileType {
+    match kind {
+        Kind::Dir => FileType::Directory,
+        Kind::File(_) => FileType::RegularFile,
+        Kind::Symlink(_) => FileType::Symlink,
+        Kind::CharDev { .. } => FileType::CharDevice,
+    }
+}
+
+fn attr(ino: u64, kind: &Kind, mode: u16, nlink: u32, time: SystemTime) -> FileAttr {
+    let (size, rdev) = match kind {
+        Kind::Dir => (0, 0),
+        Kind::File(c) => (c.len() as u64, 0),
+        Kind::Symlink(t) => (t.len() as u64, 0),
+        Kind::CharDev { major, minor } => (0, libc::makedev(*major, *minor) as u32),
     };
     FileAttr {
         ino: INodeNo(ino),
@@ -77,8 +136,8 @@ fn attr(ino: u64, entry: &Entry, nlink: u32, time: SystemTime) -> FileAttr {
         mtime: time,
         ctime: time,
         crtime: time,
-        kind,
-        perm: entry.mode,
+        kind: file_type(kind),
+        perm: mode,
         nlink,
         uid: 0,
         gid: 0,
@@ -89,27 +148,34 @@ fn attr(ino: u64, entry: &Entry, nlink: u32, time: SystemTime) -> FileAttr {
 }
 
 impl Snapshot {
-    fn build(tree: &Tree, inodes: &mut Inodes, time: SystemTime) -> Snapshot {
+    /// Indexes `tree`; with `live`, its host entries are left out (served live instead).
+    fn build(tree: &Tree, inodes: &mut Inodes, time: SystemTime, live: bool) -> Snapshot {
+        let served = |e: &Entry| !(live && e.from_host);
         let mut nodes = HashMap::with_capacity(tree.len());
-        for (path, entry) in tree.iter() {
+        for (path, entry) in tree.iter().filter(|(_, e)| served(e)) {
             let ino = inodes.get(path);
             let (parent_path, name) = path.rsplit_once('/').unwrap_or(("", path));
             let parent = INodeNo(inodes.get(parent_path));
             let mut subdirs = 0;
-            let children: Vec<(String, INodeNo)> = match entry.kind {
+            let children = match entry.kind {
                 Kind::Dir => tree
                     .children(path)
                     .into_iter()
-                    .map(|c| {
+                    .filter_map(|c| {
                         let child = if path.is_empty() {
                             c.to_string()
                         } else {
                             format!("{path}/{c}")
                         };
-                        if matches!(tree.get(&child).map(|e| &e.kind), Some(Kind::Dir)) {
+                        let e = tree.get(&child).filter(|e| served(e))?;
+                        if matches!(e.kind, Kind::Dir) {
                             subdirs += 1;
                         }
-                        (c.to_string(), INodeNo(inodes.get(&child)))
+                        Some(Child {
+                            name: c.into(),
+                            ino: inodes.get(&child),
+                            kind: file_type(&e.kind),
+                        })
                     })
                     .collect(),
                 _ => Vec::new(),
@@ -124,14 +190,53 @@ impl Snapshot {
                 Node {
                     name: name.to_string(),
                     parent,
-                    attr: attr(ino, entry, nlink, time),
+                    attr: attr(ino, &entry.kind, entry.mode, nlink, time),
                     entry: entry.clone(),
-                    children,
+                    children: Children::new(children),
                 },
             );
         }
-        Snapshot { nodes }
+        let live_dir = if live {
+            tree.get(HOST_PCI_DIR)
+                .filter(|e| matches!(e.kind, Kind::Dir))
+                .map(|_| inodes.get(HOST_PCI_DIR))
+        } else {
+            None
+        };
+        Snapshot { nodes, live_dir }
     }
+}
+
+/// One of the host's PCI devices as a symlink in [`HOST_PCI_DIR`].
+#[derive(Clone)]
+struct LiveEntry {
+    child: Child,
+    attr: FileAttr,
+    target: String,
+}
+
+/// The host's PCI devices as last listed, in inode order.
+struct LiveListing {
+    at: Instant,
+    /// When the listing last changed: the directory's mtime, which tells the kernel to drop
+    /// its cached listing (kept there since `opendir` is zero-message).
+    changed: SystemTime,
+    entries: Vec<LiveEntry>,
+}
+
+impl LiveListing {
+    fn get(&self, ino: u64) -> Option<&LiveEntry> {
+        self.entries
+            .binary_search_by_key(&ino, |e| e.child.ino)
+            .ok()
+            .map(|i| &self.entries[i])
+    }
+}
+
+/// The live part of [`HOST_PCI_DIR`].
+struct HostPci {
+    sysfs: SysfsHost,
+    listing: Mutex<Option<Arc<LiveListing>>>,
 }
 
 /// The FUSE file system over a replaceable [`Tree`].
@@ -143,7 +248,12 @@ pub struct DriverFs {
 struct Shared {
     snapshot: RwLock<Arc<Snapshot>>,
     inodes: Mutex<Inodes>,
+    host_pci: Option<HostPci>,
+    time: SystemTime,
     reads: AtomicU64,
+    requests: AtomicU64,
+    /// `O_PATH` descriptors on the mounted entries, which keep the kernel's dentries.
+    pins: Mutex<Vec<OwnedFd>>,
 }
 
 /// Replaces the served tree and tells the kernel what changed.
@@ -151,31 +261,175 @@ struct Shared {
 pub struct TreeHandle {
     inner: Arc<Shared>,
     notifier: Arc<Mutex<Option<Notifier>>>,
+    mountpoint: Option<Arc<Path>>,
 }
 
 impl DriverFs {
-    /// A file system serving `tree`, and the handle that replaces it later.
-    pub fn new(tree: &Tree) -> (DriverFs, TreeHandle) {
+    /// A file system serving `tree`, and the handle that replaces it later. With `sysfs`, the
+    /// host's entries of `sys/bus/pci/devices` are listed live from `<sysfs>/bus/pci/devices`
+    /// instead of the copies rendered into `tree`.
+    pub fn new(tree: &Tree, sysfs: Option<&Path>) -> (DriverFs, TreeHandle) {
+        let time = SystemTime::now();
         let mut inodes = Inodes::default();
-        let snapshot = Snapshot::build(tree, &mut inodes, SystemTime::now());
+        let snapshot = Snapshot::build(tree, &mut inodes, time, sysfs.is_some());
         let inner = Arc::new(Shared {
             snapshot: RwLock::new(Arc::new(snapshot)),
             inodes: Mutex::new(inodes),
+            host_pci: sysfs.map(|root| HostPci {
+                sysfs: SysfsHost::new(root),
+                listing: Mutex::new(None),
+            }),
+            time,
             reads: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            pins: Mutex::new(Vec::new()),
         });
         let handle = TreeHandle {
             inner: inner.clone(),
             notifier: Arc::new(Mutex::new(None)),
+            mountpoint: None,
         };
         (DriverFs { inner }, handle)
     }
 
+    /// The current snapshot; counts the request.
     fn snapshot(&self) -> Arc<Snapshot> {
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         self.inner
             .snapshot
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The host's PCI devices, listed again when the last listing is older than [`LIVE_TTL`].
+    fn live(&self) -> Option<Arc<LiveListing>> {
+        let host = self.inner.host_pci.as_ref()?;
+        let mut cached = host.listing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = cached.as_ref().filter(|l| l.at.elapsed() < LIVE_TTL) {
+            return Some(l.clone());
+        }
+        let devices = match host.sysfs.pci_devices() {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the host's PCI devices; serving the last listing");
+                let last = LiveListing {
+                    at: Instant::now(),
+                    changed: cached.as_ref().map_or(self.inner.time, |l| l.changed),
+                    entries: cached
+                        .as_ref()
+                        .map(|l| l.entries.clone())
+                        .unwrap_or_default(),
+                };
+                return Some(cached.insert(Arc::new(last)).clone());
+            }
+        };
+        let mut inodes = self.inner.inodes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries: Vec<LiveEntry> = devices
+            .into_iter()
+            .map(|d| {
+                let name = d.bus_id.to_string();
+                let ino = inodes.get(&format!("{HOST_PCI_DIR}/{name}"));
+                let link = Kind::Symlink(d.sysfs_path.clone());
+                LiveEntry {
+                    child: Child {
+                        name: name.into(),
+                        ino,
+                        kind: FileType::Symlink,
+                    },
+                    attr: attr(ino, &link, 0o777, 1, self.inner.time),
+                    target: d.sysfs_path,
+                }
+            })
+            .collect();
+        drop(inodes);
+        entries.sort_unstable_by_key(|e| e.child.ino);
+        let same = |l: &LiveListing| {
+            l.entries.len() == entries.len()
+                && l.entries
+                    .iter()
+                    .zip(&entries)
+                    .all(|(a, b)| a.child == b.child && a.target == b.target)
+        };
+        let changed = match cached.as_deref() {
+            Some(l) if same(l) => l.changed,
+            _ => SystemTime::now(),
+        };
+        let listing = Arc::new(LiveListing {
+            at: Instant::now(),
+            changed,
+            entries,
+        });
+        *cached = Some(listing.clone());
+        Some(listing)
+    }
+
+    /// The attributes of `ino` and their TTL: from the tree (the live directory with the time
+    /// of its last change as mtime), else from the live listing.
+    fn attr_of(&self, snap: &Snapshot, ino: u64) -> Option<(FileAttr, Duration)> {
+        if let Some(n) = snap.nodes.get(&ino) {
+            if snap.live_dir != Some(ino) {
+                return Some((n.attr, TTL));
+            }
+            let mut attr = n.attr;
+            if let Some(live) = self.live() {
+                (attr.mtime, attr.ctime) = (live.changed, live.changed);
+            }
+            return Some((attr, LIVE_TTL));
+        }
+        snap.live_dir?;
+        let live = self.live()?;
+        live.get(ino).map(|e| (e.attr, LIVE_TTL))
+    }
+
+    /// Lists `ino` from `offset` (a cookie) on, in cookie order, calling `add` with each entry's
+    /// inode, cookie, name, attributes and TTL until it returns true (the reply is full).
+    fn list(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        mut add: impl FnMut(INodeNo, u64, &str, &FileAttr, &Duration) -> bool,
+    ) -> Result<(), Errno> {
+        let snap = self.snapshot();
+        let dir = snap.nodes.get(&ino.0).ok_or(Errno::ENOENT)?;
+        if !matches!(dir.entry.kind, Kind::Dir) {
+            return Err(Errno::ENOTDIR);
+        }
+        let dots = [(ino.0, 1, "."), (dir.parent.0, 2, "..")];
+        for (i, cookie, name) in dots {
+            if cookie > offset {
+                let Some((a, ttl)) = self.attr_of(&snap, i) else {
+                    continue;
+                };
+                if add(INodeNo(i), cookie, name, &a, &ttl) {
+                    return Ok(());
+                }
+            }
+        }
+        let live = (snap.live_dir == Some(ino.0))
+            .then(|| self.live())
+            .flatten();
+        let from_tree = dir.children.by_ino.iter().filter_map(|c| {
+            self.attr_of(&snap, c.ino)
+                .map(|(attr, ttl)| (&c.name, c.ino, attr, ttl))
+        });
+        let from_host = live.iter().flat_map(|l| {
+            l.entries
+                .iter()
+                .filter(|e| dir.children.find(OsStr::new(&*e.child.name)).is_none())
+                .map(|e| (&e.child.name, e.child.ino, e.attr, LIVE_TTL))
+        });
+        let mut merged: Vec<_> = from_tree.chain(from_host).collect();
+        if live.is_some() {
+            merged.sort_unstable_by_key(|&(_, ino, _, _)| ino);
+        }
+        let start = merged.partition_point(|&(_, ino, _, _)| ino + DOTS <= offset);
+        for (name, ino, attr, ttl) in &merged[start..] {
+            if add(INodeNo(*ino), ino + DOTS, name, attr, ttl) {
+                break;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -185,7 +439,8 @@ impl TreeHandle {
     pub fn replace(&self, tree: &Tree) -> usize {
         let new = {
             let mut inodes = self.inner.inodes.lock().unwrap_or_else(|e| e.into_inner());
-            Arc::new(Snapshot::build(tree, &mut inodes, SystemTime::now()))
+            let live = self.inner.host_pci.is_some();
+            Arc::new(Snapshot::build(tree, &mut inodes, SystemTime::now(), live))
         };
         let old = std::mem::replace(
             &mut *self
@@ -222,37 +477,177 @@ impl TreeHandle {
         self.inner.reads.load(Ordering::Relaxed)
     }
 
+    /// How many requests of any kind (lookups, reads, listings, ...) reached the agent.
+    pub fn requests(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    /// Walks the mounted `tree` once, reading every file, so that the kernel caches every
+    /// entry, attribute and page, and keeps a descriptor open on every entry (replacing those of
+    /// an earlier walk): the kernel does not evict dentries in use, so even after its caches
+    /// were dropped a consumer's read needs no lookup, only the read of the file's data.
+    /// Raises this process's soft `RLIMIT_NOFILE` towards its hard limit when the tree needs
+    /// more descriptors; entries beyond the limit stay unpinned. Returns the number of entries
+    /// visited; entries that vanish meanwhile are skipped. Does nothing before the file system
+    /// is mounted.
+    pub fn warm(&self, tree: &Tree) -> usize {
+        let Some(root) = &self.mountpoint else {
+            return 0;
+        };
+        self.unpin();
+        let budget =
+            raise_nofile_limit(tree.len() as u64 + FD_HEADROOM).saturating_sub(FD_HEADROOM);
+        let mut buf = Vec::with_capacity(8192);
+        let mut pins = Vec::with_capacity(tree.len().min(budget as usize));
+        let visited = tree
+            .iter()
+            .filter(|(path, _)| !path.is_empty())
+            .filter_map(|(path, entry)| {
+                let path = root.join(path);
+                match entry.kind {
+                    Kind::File(_) => std::fs::File::open(&path).and_then(|mut f| {
+                        buf.clear();
+                        io::Read::read_to_end(&mut f, &mut buf)?;
+                        Ok(OwnedFd::from(f))
+                    }),
+                    _ => pin(&path),
+                }
+                .ok()
+            })
+            .map(|fd| {
+                if (pins.len() as u64) < budget {
+                    pins.push(fd);
+                }
+            })
+            .count();
+        if visited > pins.len() {
+            tracing::warn!(
+                pinned = pins.len(),
+                entries = visited,
+                "descriptor limit too low to pin the whole driver tree"
+            );
+        }
+        *self.inner.pins.lock().unwrap_or_else(|e| e.into_inner()) = pins;
+        visited
+    }
+
+    /// Closes the descriptors [`TreeHandle::warm`] holds: the kernel may evict those entries
+    /// again.
+    pub fn unpin(&self) {
+        self.inner
+            .pins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     fn set_notifier(&self, notifier: Notifier) {
         *self.notifier.lock().unwrap_or_else(|e| e.into_inner()) = Some(notifier);
     }
 }
 
+/// An `O_PATH` descriptor on `path` itself (a symlink is not followed).
+fn pin(path: &Path) -> io::Result<OwnedFd> {
+    use nix::fcntl::OFlag;
+    nix::fcntl::open(
+        path,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map(|fd| {
+        // SAFETY: `open` returned a new descriptor that nothing else owns.
+        unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+    })
+    .map_err(io::Error::from)
+}
+
+/// Descriptors [`TreeHandle::warm`] leaves to the rest of the process.
+const FD_HEADROOM: u64 = 256;
+
+/// Raises the soft limit on open descriptors to `wanted` (at most the hard limit); returns the
+/// soft limit now in force.
+fn raise_nofile_limit(wanted: u64) -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        if lim.rlim_cur < wanted {
+            let raised = libc::rlimit {
+                rlim_cur: wanted.min(lim.rlim_max),
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return raised.rlim_cur;
+            }
+        }
+    }
+    lim.rlim_cur
+}
+
 impl Filesystem for DriverFs {
+    /// Asks for `readdirplus` (listings carry attributes, so a listing needs no lookups after
+    /// it), adaptively as the kernel sees fit.
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let plus = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
+        if config.add_capabilities(plus).is_err() {
+            tracing::debug!("kernel without readdirplus");
+        }
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let snap = self.snapshot();
-        let child = snap
-            .nodes
-            .get(&parent.0)
-            .and_then(|p| p.children.iter().find(|(n, _)| OsStr::new(n) == name))
-            .and_then(|(_, ino)| snap.nodes.get(&ino.0));
-        match child {
-            Some(node) => reply.entry(&TTL, &node.attr, Generation(0)),
+        let Some(dir) = snap.nodes.get(&parent.0) else {
+            reply.error(Errno::ENOENT);
+            return;
+        };
+        if let Some((attr, ttl)) = dir
+            .children
+            .find(name)
+            .and_then(|c| self.attr_of(&snap, c.ino))
+        {
+            reply.entry(&ttl, &attr, Generation(0));
+            return;
+        }
+        let live = (snap.live_dir == Some(parent.0))
+            .then(|| self.live())
+            .flatten();
+        let found = live.as_ref().and_then(|l| {
+            l.entries
+                .iter()
+                .find(|e| OsStr::new(&*e.child.name) == name)
+        });
+        match found {
+            Some(e) => reply.entry(&LIVE_TTL, &e.attr, Generation(0)),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.snapshot().nodes.get(&ino.0) {
-            Some(node) => reply.attr(&TTL, &node.attr),
+        let snap = self.snapshot();
+        match self.attr_of(&snap, ino.0) {
+            Some((attr, ttl)) => reply.attr(&ttl, &attr),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.snapshot().nodes.get(&ino.0).map(|n| &n.entry.kind) {
+        let snap = self.snapshot();
+        match snap.nodes.get(&ino.0).map(|n| &n.entry.kind) {
             Some(Kind::Symlink(target)) => reply.data(target.as_bytes()),
             Some(_) => reply.error(Errno::EINVAL),
-            None => reply.error(Errno::ENOENT),
+            None => {
+                let live = snap.live_dir.and_then(|_| self.live());
+                match live.as_ref().and_then(|l| l.get(ino.0)) {
+                    Some(e) => reply.data(e.target.as_bytes()),
+                    None => reply.error(Errno::ENOENT),
+                }
+            }
         }
     }
 
@@ -263,7 +658,8 @@ impl Filesystem for DriverFs {
         reply.error(Errno::ENOSYS);
     }
 
-    /// ENOSYS likewise (`FUSE_NO_OPENDIR_SUPPORT`): directory handles carry no state here.
+    /// ENOSYS likewise (`FUSE_NO_OPENDIR_SUPPORT`): directory handles carry no state here, and
+    /// listings stay consistent across reloads through their cookies (see the module docs).
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         reply.error(Errno::ENOSYS);
     }
@@ -329,38 +725,35 @@ impl Filesystem for DriverFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let snap = self.snapshot();
-        let Some(dir) = snap.nodes.get(&ino.0) else {
-            reply.error(Errno::ENOENT);
-            return;
-        };
-        if !matches!(dir.entry.kind, Kind::Dir) {
-            reply.error(Errno::ENOTDIR);
-            return;
+        match self.list(ino, offset, |ino, cookie, name, attr, _| {
+            reply.add(ino, cookie, attr.kind, name)
+        }) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        let dots = [
-            (ino, FileType::Directory, "."),
-            (dir.parent, FileType::Directory, ".."),
-        ];
-        let children = dir.children.iter().filter_map(|(name, ino)| {
-            snap.nodes
-                .get(&ino.0)
-                .map(|n| (*ino, n.attr.kind, name.as_str()))
-        });
-        let skip = usize::try_from(offset).unwrap_or(usize::MAX);
-        for (i, (ino, kind, name)) in dots.into_iter().chain(children).enumerate().skip(skip) {
-            if reply.add(ino, i as u64 + 1, kind, name) {
-                break;
-            }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        match self.list(ino, offset, |ino, cookie, name, attr, ttl| {
+            reply.add(ino, cookie, name, ttl, attr, Generation(0))
+        }) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 }
 
 /// A mounted driver tree; unmounts when dropped or on [`Mounted::unmount`].
 pub struct Mounted {
     session: Option<BackgroundSession>,
-    mountpoint: std::path::PathBuf,
+    mountpoint: PathBuf,
     /// Replaces the served tree.
     pub handle: TreeHandle,
 }
@@ -377,6 +770,7 @@ impl Mounted {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        self.handle.unpin();
         match session.umount_and_join() {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                 tracing::warn!(mountpoint = %self.mountpoint.display(), "driver tree busy: detaching it lazily");
@@ -394,36 +788,17 @@ impl Drop for Mounted {
     }
 }
 
-/// Walks the mounted `tree` once, reading every file, so that the kernel caches every entry,
-/// attribute and page: a consumer's first read after this is served by the kernel alone.
-/// Returns the number of entries visited; entries that vanish meanwhile are skipped.
-pub fn warm(mountpoint: &Path, tree: &Tree) -> usize {
-    let mut buf = Vec::with_capacity(8192);
-    tree.iter()
-        .filter(|(path, entry)| {
-            let path = mountpoint.join(path);
-            match entry.kind {
-                Kind::File(_) => {
-                    buf.clear();
-                    std::fs::File::open(&path)
-                        .and_then(|mut f| io::Read::read_to_end(&mut f, &mut buf))
-                        .is_ok()
-                }
-                _ => std::fs::symlink_metadata(&path).is_ok(),
-            }
-        })
-        .count()
-}
-
-/// Mounts `tree` read-only at `mountpoint`: readable by every user when mounted by root
-/// (`allow_other`), by the mounting user only otherwise (an unprivileged `allow_other` needs
-/// `user_allow_other` in `/etc/fuse.conf`).
-pub fn mount(tree: &Tree, mountpoint: &Path) -> io::Result<Mounted> {
-    let (fs, handle) = DriverFs::new(tree);
+/// Mounts `tree` read-only (`nodev`, `nosuid`) at `mountpoint`: readable by every user when
+/// mounted by root (`allow_other`), by the mounting user only otherwise (an unprivileged
+/// `allow_other` needs `user_allow_other` in `/etc/fuse.conf`). With `sysfs`, the host's part of
+/// `sys/bus/pci/devices` is served live from `<sysfs>/bus/pci/devices` (see [`DriverFs::new`]).
+pub fn mount(tree: &Tree, mountpoint: &Path, sysfs: Option<&Path>) -> io::Result<Mounted> {
+    let (fs, mut handle) = DriverFs::new(tree, sysfs);
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,
         MountOption::NoSuid,
+        MountOption::NoDev,
         MountOption::DefaultPermissions,
         MountOption::FSName("mockgpu".into()),
         MountOption::Subtype("mockgpu".into()),
@@ -436,6 +811,7 @@ pub fn mount(tree: &Tree, mountpoint: &Path) -> io::Result<Mounted> {
     config.n_threads = Some(2);
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
     handle.set_notifier(session.notifier());
+    handle.mountpoint = Some(mountpoint.into());
     Ok(Mounted {
         session: Some(session),
         mountpoint: mountpoint.to_path_buf(),

@@ -145,7 +145,9 @@ impl SysfsHost {
         Ok(nodes)
     }
 
-    fn pci_devices(&self) -> Result<Vec<HostPciDevice>, HostError> {
+    /// The PCI devices listed in `bus/pci/devices`, by bus id, each with the absolute
+    /// `/sys/devices/...` path its link points to.
+    pub fn pci_devices(&self) -> Result<Vec<HostPciDevice>, HostError> {
         let mut devices = Vec::new();
         for name in self.dir_names("bus/pci/devices")? {
             let Ok(bus_id) = name.parse::<BusId>() else {

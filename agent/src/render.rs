@@ -46,7 +46,7 @@ pub fn driver_tree(topo: &NodeTopology, host: &HostTopology) -> Tree {
         .iter()
         .map(|d| (d.bus_id, d.sysfs_path.as_str()))
     {
-        t.symlink(&format!("sys/bus/pci/devices/{id}"), path);
+        t.host_symlink(&format!("sys/bus/pci/devices/{id}"), path);
     }
     for file in ["bind", "unbind", "new_id", "remove_id", "uevent"] {
         t.file_mode(&format!("{DRIVER}/{file}"), "", 0o200);

@@ -377,11 +377,13 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
         source,
     })?;
     install_shim(&cfg.layout)?;
-    let mounted = crate::fs::mount(&tree, &mountpoint).map_err(|source| ServeError::Fuse {
-        path: mountpoint.clone(),
-        source,
+    let mounted = crate::fs::mount(&tree, &mountpoint, Some(&cfg.sysfs)).map_err(|source| {
+        ServeError::Fuse {
+            path: mountpoint.clone(),
+            source,
+        }
     })?;
-    let warmed = crate::fs::warm(&mountpoint, &tree);
+    let warmed = mounted.handle.warm(&tree);
     tracing::info!(
         profile = %profile.name, node = %topo.node_name, gpus = topo.gpus.len(),
         mountpoint = %mountpoint.display(), warmed, "driver tree mounted and cached"
@@ -539,7 +541,7 @@ fn reload_loop(
         {
             Ok((topo, tree)) => {
                 let changed = handle.replace(&tree);
-                crate::fs::warm(&cfg.layout.mount_point(), &tree);
+                handle.warm(&tree);
                 state.reloads.fetch_add(1, Ordering::Relaxed);
                 let mut current = state.topology.write().unwrap_or_else(|e| e.into_inner());
                 if current.as_ref().is_some_and(|t| t.devices != topo.devices) {

@@ -83,7 +83,7 @@ impl Sys for Linux {
     }
 
     fn mount_fuse(&self, tree: &Tree, mountpoint: &Path) -> io::Result<Self::Fuse> {
-        crate::fs::mount(tree, mountpoint)
+        crate::fs::mount(tree, mountpoint, None)
     }
 
     fn unmount_fuse(&self, fuse: Self::Fuse) -> io::Result<()> {

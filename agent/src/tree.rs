@@ -29,6 +29,9 @@ pub struct Entry {
     pub kind: Kind,
     /// Permission bits (`0o444`).
     pub mode: u16,
+    /// A copy of one of the host's own entries as they were at render time (its PCI devices),
+    /// which a live server may serve from the host instead.
+    pub from_host: bool,
 }
 
 /// A whole tree. The root is the empty path.
@@ -45,6 +48,7 @@ impl Default for Tree {
             Entry {
                 kind: Kind::Dir,
                 mode: 0o555,
+                from_host: false,
             },
         );
         Tree { entries }
@@ -72,6 +76,14 @@ impl Tree {
         self.insert(path, Kind::Symlink(target.into()), 0o777);
     }
 
+    /// Adds a symbolic link copied from the host's own sysfs (see [`Entry::from_host`]).
+    pub fn host_symlink(&mut self, path: &str, target: impl Into<String>) {
+        self.insert(path, Kind::Symlink(target.into()), 0o777);
+        if let Some(e) = self.entries.get_mut(path) {
+            e.from_host = true;
+        }
+    }
+
     /// Adds a character device node.
     pub fn chardev(&mut self, path: &str, major: u32, minor: u32, mode: u16) {
         self.insert(path, Kind::CharDev { major, minor }, mode);
@@ -88,10 +100,18 @@ impl Tree {
             self.entries.entry(p.to_string()).or_insert(Entry {
                 kind: Kind::Dir,
                 mode: 0o555,
+                from_host: false,
             });
             parent = p;
         }
-        self.entries.insert(path.to_string(), Entry { kind, mode });
+        self.entries.insert(
+            path.to_string(),
+            Entry {
+                kind,
+                mode,
+                from_host: false,
+            },
+        );
     }
 
     /// The entry at `path`.
@@ -143,10 +163,13 @@ mod tests {
         t.file("a/b/c", "x");
         t.symlink("a/l", "b/c");
         t.file("ab", "y");
+        t.host_symlink("a/h", "/sys/h");
+        assert!(t.get("a/h").unwrap().from_host);
+        assert!(!t.get("a/l").unwrap().from_host);
         assert_eq!(t.get("a/b").unwrap().kind, Kind::Dir);
-        assert_eq!(t.children("a"), ["b", "l"]);
+        assert_eq!(t.children("a"), ["b", "h", "l"]);
         assert_eq!(t.children(""), ["a", "ab"]);
         assert_eq!(t.children("a/b"), ["c"]);
-        assert_eq!(t.len(), 6);
+        assert_eq!(t.len(), 7);
     }
 }

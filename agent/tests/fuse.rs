@@ -1,16 +1,21 @@
 //! The FUSE tree against the same tree rendered as plain files (needs root and /dev/fuse; CI
 //! runs as root): every entry read back byte for byte, writes refused with EROFS, a reload
-//! visible at once, other users allowed, and a clean unmount.
+//! visible at once, other users allowed, and a clean unmount; `nodev,nosuid` in the mount
+//! table; the host's PCI devices listed live; listings consistent across a reload; the
+//! descriptors that pin a warmed tree.
 
 mod common;
 
 use std::fs;
 use std::io::ErrorKind;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use mockgpu_agent::render::driver_tree;
+use mockgpu_agent::tree::Tree;
 use mockgpu_api::{NodeTopology, Profile};
 
 /// Walks `root` and returns (relative path, description) pairs, contents included.
@@ -69,8 +74,16 @@ fn fuse_tree_matches_render_refuses_writes_and_reloads() {
     let mnt = dir.path().join("fs");
     fs::create_dir(&mnt).unwrap();
     mockgpu_agent::output::write_tree(&tree, &plain).unwrap();
-    let m = mockgpu_agent::fs::mount(&tree, &mnt).expect("mount FUSE (needs root and /dev/fuse)");
+    let m =
+        mockgpu_agent::fs::mount(&tree, &mnt, None).expect("mount FUSE (needs root and /dev/fuse)");
     assert!(mounted(&mnt));
+    let options = mount_options(&mnt);
+    for flag in ["ro", "nodev", "nosuid"] {
+        assert!(
+            options.split(',').any(|o| o == flag),
+            "{flag} missing from {options}"
+        );
+    }
 
     let (fuse_view, plain_view) = (snapshot(&mnt), snapshot(&plain));
     assert_eq!(fuse_view.len(), tree.len() - 1);
@@ -160,4 +173,193 @@ fn fuse_tree_matches_render_refuses_writes_and_reloads() {
     m.unmount().unwrap();
     assert!(!mounted(&mnt));
     drop(busy);
+}
+
+/// The per-mount options (`ro,nosuid,nodev,...`) of the mount at `path`, from
+/// `/proc/self/mountinfo`.
+fn mount_options(path: &Path) -> String {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let path = path.to_str().unwrap();
+    info.lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .rfind(|f| f.get(4) == Some(&path))
+        .and_then(|f| f.get(5).map(|o| o.to_string()))
+        .unwrap_or_else(|| panic!("{path} not in /proc/self/mountinfo"))
+}
+
+/// Waits up to 5 s for `cond`, checking every 20 ms.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn host_pci_devices_are_listed_live_beside_the_mock_gpus() {
+    let (topo, tree) = common::fixed_tree("gb300");
+    let dir = tempfile::tempdir().unwrap();
+    // A fake sysfs that lacks one of the devices the tree was rendered with.
+    let sysfs = dir.path().join("sys");
+    let devices = sysfs.join("bus/pci/devices");
+    fs::create_dir_all(&devices).unwrap();
+    let add = |bdf: &str| {
+        std::os::unix::fs::symlink(
+            format!("../../../devices/pci0000:00/{bdf}"),
+            devices.join(bdf),
+        )
+        .unwrap()
+    };
+    add("0000:00:1e.0");
+    let mnt = dir.path().join("fs");
+    fs::create_dir(&mnt).unwrap();
+    let m = mockgpu_agent::fs::mount(&tree, &mnt, Some(&sysfs)).unwrap();
+    let pci = mnt.join("sys/bus/pci/devices");
+    let gpus: Vec<String> = topo.gpus.iter().map(|g| g.bus_id.to_string()).collect();
+    let mut expected = gpus.clone();
+    expected.push("0000:00:1e.0".into());
+    expected.sort();
+    assert_eq!(
+        names(&pci),
+        expected,
+        "host part read live, not as rendered"
+    );
+    assert_eq!(
+        fs::read_link(pci.join("0000:00:1e.0")).unwrap(),
+        Path::new("/sys/devices/pci0000:00/0000:00:1e.0")
+    );
+    assert!(fs::metadata(pci.join(&gpus[0]).join("vendor")).is_ok());
+
+    // A hot-plugged device appears in a listing and a lookup.
+    add("0000:00:1f.0");
+    let took = wait_for("new device listed", || {
+        names(&pci).contains(&"0000:00:1f.0".to_string())
+    });
+    assert!(took < Duration::from_secs(3), "listed after {took:?}");
+    assert_eq!(
+        fs::read_link(pci.join("0000:00:1f.0")).unwrap(),
+        Path::new("/sys/devices/pci0000:00/0000:00:1f.0")
+    );
+    // A removed one disappears from both, once the kernel's short TTL ran out.
+    fs::remove_file(devices.join("0000:00:1e.0")).unwrap();
+    let took = wait_for("removed device gone", || {
+        !names(&pci).contains(&"0000:00:1e.0".to_string())
+            && fs::symlink_metadata(pci.join("0000:00:1e.0")).is_err()
+    });
+    assert!(took < Duration::from_secs(3), "gone after {took:?}");
+    let listed = names(&pci);
+    assert!(gpus.iter().all(|g| listed.contains(g)), "{listed:?}");
+    m.unmount().unwrap();
+}
+
+/// Names listed by `getdents64` on `fd` with a buffer of `len` bytes (a few entries a call),
+/// calling `between` after the first call.
+fn list_in_small_steps(fd: i32, len: usize, mut between: impl FnMut()) -> Vec<String> {
+    let mut buf = vec![0u64; len / 8];
+    let mut out = Vec::new();
+    let mut calls = 0;
+    loop {
+        // SAFETY: the kernel writes at most `len` bytes into `buf`.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), len) };
+        assert!(n >= 0, "getdents64: {}", std::io::Error::last_os_error());
+        if n == 0 {
+            return out;
+        }
+        // SAFETY: `buf` holds `n` bytes of `linux_dirent64` records.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n as usize) };
+        let mut at = 0;
+        while at < bytes.len() {
+            let reclen = u16::from_ne_bytes([bytes[at + 16], bytes[at + 17]]) as usize;
+            let name = &bytes[at + 19..at + reclen];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap()];
+            out.push(String::from_utf8(name.to_vec()).unwrap());
+            at += reclen;
+        }
+        calls += 1;
+        if calls == 3 {
+            between();
+        }
+    }
+}
+
+#[test]
+fn a_reload_between_readdir_calls_neither_skips_nor_repeats_entries() {
+    let tree_with = |names: &mut dyn Iterator<Item = String>| {
+        let mut t = Tree::new();
+        for n in names {
+            t.file(&format!("d/{n}"), "x");
+        }
+        t
+    };
+    // f00-f29 before; f00-f09 gone and g00-g09 new after; f10-f29 in both.
+    let before = tree_with(&mut (0..30).map(|i| format!("f{i:02}")));
+    let after = tree_with(
+        &mut (10..30)
+            .map(|i| format!("f{i:02}"))
+            .chain((0..10).map(|i| format!("g{i:02}"))),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let m = mockgpu_agent::fs::mount(&before, dir.path(), None).unwrap();
+    let d = fs::File::open(dir.path().join("d")).unwrap();
+    let listed = list_in_small_steps(d.as_raw_fd(), 48, || {
+        m.handle.replace(&after);
+    });
+    // The reload came after the listing began and before it ended.
+    assert!(
+        listed.contains(&"f00".to_string()) && !listed.contains(&"f09".to_string()),
+        "{listed:?}"
+    );
+    for i in 10..30 {
+        let name = format!("f{i:02}");
+        let n = listed.iter().filter(|l| **l == name).count();
+        assert_eq!(n, 1, "{name} listed {n} times in {listed:?}");
+    }
+    let mut unique = listed.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), listed.len(), "repeated entries in {listed:?}");
+    drop(d);
+    m.unmount().unwrap();
+}
+
+#[test]
+fn warm_pins_every_entry_until_unpinned() {
+    let (_, tree) = common::fixed_tree("gb300");
+    let dir = tempfile::tempdir().unwrap();
+    let m = mockgpu_agent::fs::mount(&tree, dir.path(), None).unwrap();
+    let pins = || {
+        fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| fs::read_link(e.unwrap().path()).ok())
+            .filter(|t| t.starts_with(dir.path()))
+            .count()
+    };
+    assert_eq!(pins(), 0);
+    assert_eq!(m.handle.warm(&tree), tree.len() - 1);
+    assert_eq!(pins(), tree.len() - 1);
+    // A second walk replaces the first one's descriptors.
+    m.handle.warm(&tree);
+    assert_eq!(pins(), tree.len() - 1);
+    m.handle.unpin();
+    assert_eq!(pins(), 0);
+    m.handle.warm(&tree);
+    // Unmounting closes them first (else they would keep the mount busy, and the file system
+    // that holds them alive).
+    m.unmount().unwrap();
+    assert_eq!(pins(), 0);
+    assert!(!mounted(dir.path()));
 }
