@@ -2,7 +2,8 @@
 //! `serve` with its NRI plugin registered with a mock runtime, a containerd configuration and a
 //! slurm.conf, all below a temporary directory, in a private mount namespace. A healthy node
 //! passes every check; then one thing at a time is broken, and exactly its check fails, with its
-//! fix, and the exit status is 1.
+//! fix, and the exit status is 1. A rendered tree read as a real driver's files (no root needed)
+//! gives real mode, in which the checks of the mock are skipped.
 
 mod common;
 // The mock NRI runtime of the plugin's own tests: it runs the handshake as containerd does.
@@ -11,11 +12,9 @@ mod nri_runtime;
 
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Child, Command};
 
 use common::{fixture, in_private_namespace, wait_for};
 use mockgpu_agent::doctor::{Live, Node as _};
@@ -33,6 +32,7 @@ struct Node {
     containerd: PathBuf,
     slurm: PathBuf,
     procfs: PathBuf,
+    sysfs: PathBuf,
 }
 
 impl Node {
@@ -43,6 +43,7 @@ impl Node {
             containerd: root.join("config.toml"),
             slurm: root.join("slurm.conf"),
             procfs: root.join("proc"),
+            sysfs: fixture("two-socket"),
         };
         fs::create_dir(&node.procfs).unwrap();
         fs::write(node.procfs.join("devices"), common::HOST_DEVICES).unwrap();
@@ -80,7 +81,7 @@ impl Node {
                 ("--containerd-config", self.containerd.as_os_str()),
                 ("--slurm-conf", self.slurm.as_os_str()),
                 ("--procfs", self.procfs.as_os_str()),
-                ("--sysfs", fixture("two-socket").as_os_str()),
+                ("--sysfs", self.sysfs.as_os_str()),
             ]
             .iter()
             .flat_map(|(k, v)| [OsStr::new(k).to_os_string(), v.to_os_string()]),
@@ -89,11 +90,11 @@ impl Node {
     }
 }
 
-/// The `serve` process, killed when dropped.
+/// The `serve` process, killed when dropped; it logs into `log`.
 struct Agent {
     child: Child,
     health: SocketAddr,
-    log: Arc<Mutex<String>>,
+    log: PathBuf,
 }
 
 impl Drop for Agent {
@@ -101,14 +102,18 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!("agent log:\n{}", self.log.lock().unwrap());
+            eprintln!(
+                "agent log:\n{}",
+                fs::read_to_string(&self.log).unwrap_or_default()
+            );
         }
     }
 }
 
 impl Agent {
     fn start(node: &Node) -> Agent {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+        let log = node.run.with_extension("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
             .arg("serve")
             .args(["--node-name", "node-0", "--profile", "gb300"])
             .args(["--listen", "127.0.0.1:0"])
@@ -119,27 +124,19 @@ impl Agent {
             .arg("--procfs")
             .arg(&node.procfs)
             .arg("--sysfs")
-            .arg(fixture("two-socket"))
+            .arg(&node.sysfs)
             .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
+            .stderr(fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
         let mut health = None;
         wait_for("the health endpoint's address", || {
-            let log = log.lock().unwrap();
-            health = log
+            let text = fs::read_to_string(&log).unwrap_or_default();
+            health = text
                 .split_once("health endpoint listening addr=")
-                .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok());
+                // Only a whole line: a port cut short would parse too.
+                .and_then(|(_, rest)| rest.split_once('\n'))
+                .and_then(|(line, _)| line.split_whitespace().next()?.parse().ok());
             health.is_some()
         });
         Agent {
@@ -315,4 +312,42 @@ fn doctor_names_exactly_what_is_broken() {
             &["nri-plugin"],
         );
     })
+}
+
+#[test]
+fn a_real_gpu_node_is_reported_and_not_checked_as_a_mock() {
+    // The h100 tree of a fixed host, written as files, stands in for a loaded driver's.
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    mockgpu_agent::output::write_tree(&common::fixed_tree("h100").1, &real).unwrap();
+    let node = Node {
+        procfs: real.join("proc"),
+        sysfs: real.join("sys"),
+        ..Node::new(dir.path())
+    };
+    // Nothing listens on port 1: the agent check fails; the plugin's is skipped with the rest.
+    let (code, checks) = node.doctor("127.0.0.1:1".parse().unwrap());
+    assert_eq!(code, Some(1), "{checks:?}");
+    let status: Vec<(&str, &str)> = checks
+        .iter()
+        .map(|c| (c[0].as_str(), c[1].as_str()))
+        .collect();
+    assert_eq!(
+        status,
+        [
+            ("mode", "ok"),
+            ("agent", "fail"),
+            ("fuse", "skip"),
+            ("shim", "skip"),
+            ("propagation", "skip"),
+            ("nri-socket", "skip"),
+            ("nri-config", "skip"),
+            ("nri-plugin", "skip"),
+            ("slurm", "ok"),
+        ]
+    );
+    assert_eq!(
+        checks[0][2],
+        "real mode: the NVIDIA driver lists 8 GPUs (NVIDIA H100 80GB HBM3); the agent mocks nothing"
+    );
 }

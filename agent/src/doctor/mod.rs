@@ -214,20 +214,17 @@ struct MountEntry {
 /// The topmost mount at `path` in `mountinfo`, if any.
 fn mount_at(mountinfo: &str, path: &Path) -> Option<MountEntry> {
     let wanted = path.to_string_lossy();
-    mountinfo
-        .lines()
-        .rev()
-        .find_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            if unescape(fields.get(4)?) != wanted {
-                return None;
-            }
-            let dash = fields.iter().skip(6).position(|f| *f == "-")? + 6;
-            Some(MountEntry {
-                fstype: fields.get(dash + 1)?.to_string(),
-                optional: fields[6..dash].iter().map(|f| f.to_string()).collect(),
-            })
+    mountinfo.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if unescape(fields.get(4)?) != wanted {
+            return None;
+        }
+        let dash = fields.iter().skip(6).position(|f| *f == "-")? + 6;
+        Some(MountEntry {
+            fstype: fields.get(dash + 1)?.to_string(),
+            optional: fields[6..dash].iter().map(|f| f.to_string()).collect(),
         })
+    })
 }
 
 fn fuse<N: Node>(node: &N, opts: &Options, facts: &Facts) -> Check {
