@@ -351,3 +351,17 @@ fn a_real_gpu_node_is_reported_and_not_checked_as_a_mock() {
         "real mode: the NVIDIA driver lists 8 GPUs (NVIDIA H100 80GB HBM3); the agent mocks nothing"
     );
 }
+
+#[test]
+fn a_relative_directory_is_refused_by_name() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+        .args(["doctor", "--dir", "run/mockgpu"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.stdout, b"", "no check is made");
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "mockgpu-agent: host directory \"run/mockgpu\" must be an absolute path other than /\n"
+    );
+}

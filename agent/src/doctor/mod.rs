@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use mockgpu_api::Layout;
 use serde::Serialize;
 
-pub use node::{HttpReply, Live, Node, PRELOAD_PROGRAM, Preloaded, RealDriver, TIMEOUT};
+pub use node::{HttpReply, Live, Node, PRELOAD_PROGRAM, Preloaded, RealDriver};
 
 use crate::mounts::{PROBE, unescape};
 
@@ -113,7 +113,7 @@ pub fn failed(checks: &[Check]) -> bool {
     checks.iter().any(|c| c.status == Status::Fail)
 }
 
-/// The fact several checks share, gathered once.
+/// The facts several checks share, gathered once.
 struct Facts {
     /// Mock mode: no real driver lists a GPU.
     mock: bool,
@@ -171,6 +171,7 @@ fn mode(real: &RealDriver, opts: &Options) -> Check {
         ),
         RealDriver::Gpus(models) => {
             let mut distinct = models.clone();
+            distinct.sort();
             distinct.dedup();
             Check::ok(
                 NAME,

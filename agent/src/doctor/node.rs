@@ -15,7 +15,7 @@ use crate::sys::{Linux, Sys as _};
 
 /// How long one host call may take: a FUSE server that hangs, or an endpoint that accepts and
 /// never answers, must not hang the doctor.
-pub const TIMEOUT: Duration = Duration::from_secs(3);
+const TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The largest file or HTTP body read.
 const MAX_READ: u64 = 4 << 20;
