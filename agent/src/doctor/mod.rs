@@ -1,8 +1,9 @@
 //! `mockgpu-agent doctor`: checks what a GPU job on this node depends on and says, one line per
 //! check, what is right and what is wrong, with the fix.
 //!
-//! Each check is a function of what [`Facts`] gathered through a [`Node`] (every host call) and
-//! returns a [`Check`]; [`run`] lists them in order. A later check (the device plugin's
+//! Each check is a function of the options and of what it asks a [`Node`] (every host call goes
+//! through it; facts several checks share are gathered once) and returns a [`Check`]; [`run`]
+//! lists them in order. A later check (the device plugin's
 //! registration, the GpuNode report) is one more function and one more line in [`run`].
 
 mod node;
