@@ -1,6 +1,7 @@
 //! `mockgpu-agent`: command-line entry point. Parses arguments, sets up logging and calls the
 //! library.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -27,6 +28,40 @@ enum Command {
     /// Run one command as if this machine had the profile's GPUs (FUSE + the shim), e.g.
     /// `exec -- slurmd -C` or `exec -- lspci -d 10de:`.
     Exec(ExecArgs),
+    /// Check this node (mode, FUSE tree, shim, mount propagation, NRI, Slurm) and say what is
+    /// wrong and how to fix it; exit status 1 when a check fails.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Args)]
+struct DoctorArgs {
+    /// The agent's directory (serve --dir).
+    #[arg(long, env = "MOCKGPU_DIR", default_value = mockgpu_api::layout::DEFAULT_DIR)]
+    dir: PathBuf,
+    /// Where containers see the agent's directory (serve --container-dir).
+    #[arg(long, env = "MOCKGPU_CONTAINER_DIR", default_value = mockgpu_api::layout::DEFAULT_DIR)]
+    container_dir: PathBuf,
+    /// The agent's health endpoint (serve --listen).
+    #[arg(long, env = "MOCKGPU_LISTEN", default_value = "127.0.0.1:9464")]
+    health: std::net::SocketAddr,
+    /// The runtime's NRI socket [default: containerd's socket_path, else /var/run/nri/nri.sock].
+    #[arg(long, env = "MOCKGPU_NRI_SOCKET")]
+    nri_socket: Option<PathBuf>,
+    /// containerd's configuration file.
+    #[arg(long, default_value = "/etc/containerd/config.toml")]
+    containerd_config: PathBuf,
+    /// Slurm's configuration file (skipped when it cannot be read).
+    #[arg(long, env = "SLURM_CONF", default_value = "/etc/slurm/slurm.conf")]
+    slurm_conf: PathBuf,
+    /// One JSON object per check (name, status ok/fail/skip, message, fix), one per line.
+    #[arg(long)]
+    json: bool,
+    /// Where sysfs is mounted (read for a real NVIDIA driver).
+    #[arg(long, default_value = "/sys", hide = true)]
+    sysfs: PathBuf,
+    /// Where procfs is mounted (read for a real NVIDIA driver).
+    #[arg(long, default_value = "/proc", hide = true)]
+    procfs: PathBuf,
 }
 
 #[derive(Args)]
@@ -103,8 +138,9 @@ struct ServeArgs {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    // `exec` shares the terminal with the command it runs: only warnings by default.
-    let default_level = if matches!(cli.command, Command::Exec(_)) {
+    // `exec` shares the terminal with the command it runs, and `doctor` prints its own report:
+    // only warnings by default.
+    let default_level = if matches!(cli.command, Command::Exec(_) | Command::Doctor(_)) {
         "warn"
     } else {
         "info"
@@ -165,8 +201,38 @@ fn run(command: Command) -> Result<()> {
             tracing::debug!(code, ?backing, "command finished");
             std::process::exit(code);
         }
+        Command::Doctor(args) => {
+            if !doctor(args)? {
+                std::process::exit(1);
+            }
+        }
     }
     Ok(())
+}
+
+/// Prints every check; whether all passed or were skipped.
+fn doctor(args: DoctorArgs) -> Result<bool> {
+    use mockgpu_agent::doctor::{self, Options};
+    let opts = Options {
+        layout: mockgpu_api::Layout::new(&args.dir, &args.container_dir)?,
+        health: args.health,
+        nri_socket: args.nri_socket,
+        containerd_config: args.containerd_config,
+        slurm_conf: args.slurm_conf,
+        procfs: args.procfs,
+        sysfs: args.sysfs,
+    };
+    let checks = doctor::run(&doctor::Live, &opts);
+    // Written, not printed: a closed pipe (`doctor | head`) is an error, not a panic.
+    let mut out = std::io::stdout().lock();
+    for check in &checks {
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(check)?)?;
+        } else {
+            writeln!(out, "{check}")?;
+        }
+    }
+    Ok(!doctor::failed(&checks))
 }
 
 fn serve(args: ServeArgs) -> Result<()> {

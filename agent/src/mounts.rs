@@ -44,7 +44,7 @@ fn error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(nix::Error) -> M
 
 /// A name the driver tree never holds: looking it up always reaches the server, because the
 /// kernel caches no negative entries for it.
-const PROBE: &str = ".mockgpu-liveness-probe";
+pub(crate) const PROBE: &str = ".mockgpu-liveness-probe";
 
 /// Whether `path` is a mount point in the calling thread's mount table.
 pub fn is_mount_point(path: &Path) -> bool {
@@ -63,7 +63,7 @@ pub fn is_mount_point_with<S: Sys>(sys: &S, path: &Path) -> bool {
 }
 
 /// Undoes the octal escapes of mountinfo (`\040` for a space).
-fn unescape(s: &str) -> String {
+pub(crate) fn unescape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('\\') {

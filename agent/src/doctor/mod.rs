@@ -1,0 +1,729 @@
+//! `mockgpu-agent doctor`: checks what a GPU job on this node depends on and says, one line per
+//! check, what is right and what is wrong, with the fix.
+//!
+//! Each check is a function of the options and of what it asks a [`Node`] (every host call goes
+//! through it; facts several checks share are gathered once) and returns a [`Check`]; [`run`]
+//! lists them in order. A later check (the device plugin's
+//! registration, the GpuNode report) is one more function and one more line in [`run`].
+
+mod node;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use mockgpu_api::Layout;
+use serde::Serialize;
+
+pub use node::{HttpReply, Live, Node, PRELOAD_PROGRAM, Preloaded, RealDriver};
+
+use crate::mounts::{PROBE, unescape};
+
+/// What to check, and where.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The agent's directory and where containers see it.
+    pub layout: Layout,
+    /// The agent's health endpoint.
+    pub health: SocketAddr,
+    /// The runtime's NRI socket; `None`: containerd's `socket_path`, else the default.
+    pub nri_socket: Option<PathBuf>,
+    /// containerd's configuration file.
+    pub containerd_config: PathBuf,
+    /// Slurm's configuration file.
+    pub slurm_conf: PathBuf,
+    /// Where procfs is mounted (for a real NVIDIA driver).
+    pub procfs: PathBuf,
+    /// Where sysfs is mounted (for a real NVIDIA driver).
+    pub sysfs: PathBuf,
+}
+
+/// The outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Right.
+    Ok,
+    /// Wrong: the node cannot run GPU jobs as it should.
+    Fail,
+    /// Not checked (real GPU node, nothing to read); the message says why.
+    Skip,
+}
+
+/// One checked fact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// Short name (`fuse`, `shim`, ...).
+    pub name: &'static str,
+    /// The outcome.
+    pub status: Status,
+    /// What was found, in words.
+    pub message: String,
+    /// What to do about a failure.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn ok(name: &'static str, message: impl Into<String>) -> Check {
+        Check {
+            name,
+            status: Status::Ok,
+            message: message.into(),
+            fix: None,
+        }
+    }
+
+    fn skip(name: &'static str, message: impl Into<String>) -> Check {
+        Check {
+            name,
+            status: Status::Skip,
+            message: message.into(),
+            fix: None,
+        }
+    }
+
+    fn fail(name: &'static str, message: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check {
+            name,
+            status: Status::Fail,
+            message: message.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+impl fmt::Display for Check {
+    /// `ok   fuse: ...`, `FAIL shim: ...; fix: ...`: one line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = match self.status {
+            Status::Ok => "ok",
+            Status::Fail => "FAIL",
+            Status::Skip => "skip",
+        };
+        write!(f, "{status:<4} {}: {}", self.name, self.message)?;
+        match &self.fix {
+            Some(fix) => write!(f, "; fix: {fix}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Whether any check failed.
+pub fn failed(checks: &[Check]) -> bool {
+    checks.iter().any(|c| c.status == Status::Fail)
+}
+
+/// The facts several checks share, gathered once.
+struct Facts {
+    /// Mock mode: no real driver lists a GPU.
+    mock: bool,
+    /// The agent's `/metrics`.
+    metrics: io::Result<HttpReply>,
+    /// containerd's configuration.
+    containerd: Containerd,
+    /// The NRI socket checked.
+    nri_socket: PathBuf,
+    /// Whether it is a socket.
+    nri_socket_state: io::Result<bool>,
+}
+
+/// Reason given by the checks that only concern mock mode.
+const REAL_NODE: &str = "real GPU node: the agent mocks nothing";
+
+/// Runs every check, in order.
+pub fn run<N: Node>(node: &N, opts: &Options) -> Vec<Check> {
+    let real = node.real_driver(&opts.procfs, &opts.sysfs);
+    let containerd = Containerd::read(node, &opts.containerd_config);
+    let nri_socket = opts
+        .nri_socket
+        .clone()
+        .or_else(|| containerd.socket_path())
+        .unwrap_or_else(|| mockgpu_nri::config::DEFAULT_SOCKET.into());
+    let facts = Facts {
+        mock: real == RealDriver::Absent,
+        metrics: node.http_get(opts.health, "/metrics"),
+        nri_socket_state: node.is_socket(&nri_socket),
+        nri_socket,
+        containerd,
+    };
+    vec![
+        mode(&real, opts),
+        agent(node, opts),
+        fuse(node, opts, &facts),
+        shim(node, opts, &facts),
+        propagation(node, opts, &facts),
+        nri_socket_check(&facts),
+        nri_config(opts, &facts),
+        nri_plugin(opts, &facts),
+        slurm(node, &opts.slurm_conf),
+    ]
+}
+
+fn mode(real: &RealDriver, opts: &Options) -> Check {
+    const NAME: &str = "mode";
+    match real {
+        RealDriver::Absent => Check::ok(
+            NAME,
+            format!(
+                "mock mode: no NVIDIA driver lists a GPU in {}, so the agent serves mock GPUs",
+                opts.procfs.join("driver/nvidia/gpus").display()
+            ),
+        ),
+        RealDriver::Gpus(models) => {
+            let mut distinct = models.clone();
+            distinct.sort();
+            distinct.dedup();
+            Check::ok(
+                NAME,
+                format!(
+                    "real mode: the NVIDIA driver lists {} GPUs ({}); the agent mocks nothing",
+                    models.len(),
+                    distinct.join(", ")
+                ),
+            )
+        }
+        RealDriver::Unreadable(why) => Check::fail(
+            NAME,
+            format!("a real NVIDIA driver is loaded but its files cannot be read: {why}"),
+            "check the driver's installation (nvidia-smi); the agent mocks nothing on this node",
+        ),
+    }
+}
+
+fn agent<N: Node>(node: &N, opts: &Options) -> Check {
+    const NAME: &str = "agent";
+    let addr = opts.health;
+    let start = "start the agent (`mockgpu-agent serve`, the chart's DaemonSet), or point \
+                 --health at its --listen address";
+    match node.http_get(addr, "/healthz") {
+        Ok(r) if r.status == 200 => Check::ok(NAME, format!("the agent answers at {addr}")),
+        Ok(r) => Check::fail(
+            NAME,
+            format!("{addr}/healthz answers {}: {}", r.status, r.body.trim()),
+            start,
+        ),
+        Err(e) => Check::fail(NAME, format!("no agent answers at {addr}: {e}"), start),
+    }
+}
+
+/// One line of mountinfo: the file system type and the optional fields (propagation).
+struct MountEntry {
+    fstype: String,
+    optional: Vec<String>,
+}
+
+/// The topmost mount at `path` in `mountinfo`, if any.
+fn mount_at(mountinfo: &str, path: &Path) -> Option<MountEntry> {
+    let wanted = path.to_string_lossy();
+    mountinfo.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if unescape(fields.get(4)?) != wanted {
+            return None;
+        }
+        let dash = fields.iter().skip(6).position(|f| *f == "-")? + 6;
+        Some(MountEntry {
+            fstype: fields.get(dash + 1)?.to_string(),
+            optional: fields[6..dash].iter().map(|f| f.to_string()).collect(),
+        })
+    })
+}
+
+fn fuse<N: Node>(node: &N, opts: &Options, facts: &Facts) -> Check {
+    const NAME: &str = "fuse";
+    if !facts.mock {
+        return Check::skip(NAME, REAL_NODE);
+    }
+    let mnt = opts.layout.mount_point();
+    let restart = "restart the agent: it detaches a dead mount and mounts the tree afresh";
+    let info = match node.mountinfo() {
+        Ok(info) => info,
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("cannot read the mount table: {e}"),
+                "run the doctor where /proc is mounted",
+            );
+        }
+    };
+    let Some(entry) = mount_at(&info, &mnt) else {
+        return Check::fail(
+            NAME,
+            format!("nothing is mounted at {}", mnt.display()),
+            format!(
+                "start the agent with --dir {}: it mounts the driver tree there",
+                opts.layout.host_dir().display()
+            ),
+        );
+    };
+    if !entry.fstype.starts_with("fuse") {
+        return Check::fail(
+            NAME,
+            format!(
+                "{} is a {} mount, not the agent's FUSE tree",
+                mnt.display(),
+                entry.fstype
+            ),
+            format!(
+                "unmount it and restart the agent (umount {})",
+                mnt.display()
+            ),
+        );
+    }
+    // A dead server still answers from the kernel's caches; a name it never holds reaches it.
+    match node.lookup(&mnt.join(PROBE)) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Check::fail(
+                NAME,
+                format!(
+                    "the FUSE mount at {} is left by a dead agent (a lookup answers: {e})",
+                    mnt.display()
+                ),
+                restart,
+            );
+        }
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("a lookup in {} answers: {e}", mnt.display()),
+                restart,
+            );
+        }
+        Ok(()) => {
+            return Check::fail(
+                NAME,
+                format!(
+                    "{} holds {PROBE}: it is not the agent's tree",
+                    mnt.display()
+                ),
+                restart,
+            );
+        }
+    }
+    let version = mnt.join("proc/driver/nvidia/version");
+    match node.read(&version) {
+        Ok(text) if text.starts_with(b"NVRM") => {
+            let text = String::from_utf8_lossy(&text);
+            let first = text.lines().next().unwrap_or_default();
+            let first = first.split_whitespace().collect::<Vec<_>>().join(" ");
+            Check::ok(
+                NAME,
+                format!(
+                    "driver tree mounted at {} and answering ({first})",
+                    mnt.display()
+                ),
+            )
+        }
+        Ok(_) => Check::fail(
+            NAME,
+            format!("{} does not start with NVRM", version.display()),
+            restart,
+        ),
+        Err(e) => Check::fail(
+            NAME,
+            format!("cannot read {}: {e}", version.display()),
+            restart,
+        ),
+    }
+}
+
+fn shim<N: Node>(node: &N, opts: &Options, facts: &Facts) -> Check {
+    const NAME: &str = "shim";
+    if !facts.mock {
+        return Check::skip(NAME, REAL_NODE);
+    }
+    let layout = &opts.layout;
+    let lib = layout.lib_dir().join(mockgpu_api::layout::SHIM_FILE);
+    let reinstall = "restart the agent: it installs the shim and ld.so.preload at start";
+    if let Err(e) = node.lookup(&lib) {
+        return Check::fail(
+            NAME,
+            format!("the shim {} is missing: {e}", lib.display()),
+            reinstall,
+        );
+    }
+    let preload = layout.ld_so_preload();
+    let wanted = layout.ld_so_preload_content();
+    match node.read(&preload) {
+        Ok(content) if content == wanted.as_bytes() => {}
+        Ok(content) => {
+            return Check::fail(
+                NAME,
+                format!(
+                    "{} names {:?}, not {}",
+                    preload.display(),
+                    String::from_utf8_lossy(&content).trim(),
+                    wanted.trim()
+                ),
+                format!(
+                    "{reinstall} (with --container-dir {})",
+                    layout.container_dir().display()
+                ),
+            );
+        }
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("cannot read {}: {e}", preload.display()),
+                reinstall,
+            );
+        }
+    }
+    let glibc = node.glibc().map_or_else(
+        || "a C library other than glibc".into(),
+        |v| format!("glibc {v}"),
+    );
+    let run = match node.preload(&lib, &layout.mount_point()) {
+        Ok(run) => run,
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("cannot run {PRELOAD_PROGRAM} with the shim preloaded: {e}"),
+                format!("run the doctor where {PRELOAD_PROGRAM} exists"),
+            );
+        }
+    };
+    // With MOCKFS_DEBUG=1 a loaded shim always notes its configuration; the loader's complaints
+    // (wrong architecture, a missing GLIBC_* version) come instead.
+    let noted = run.stderr.lines().any(|l| l.starts_with("mockfs: "));
+    if run.success && noted {
+        return Check::ok(
+            NAME,
+            format!(
+                "shim installed at {} and loadable by this node's {glibc}",
+                lib.display()
+            ),
+        );
+    }
+    let complaint = run
+        .stderr
+        .lines()
+        .find(|l| !l.starts_with("mockfs: ") && !l.trim().is_empty())
+        .unwrap_or(if noted {
+            "the program failed"
+        } else {
+            "the shim left no sign of being loaded"
+        });
+    Check::fail(
+        NAME,
+        format!(
+            "{PRELOAD_PROGRAM} with {} preloaded under {glibc}: {}",
+            lib.display(),
+            complaint.trim()
+        ),
+        "the shim needs glibc 2.17 or later and the agent's architecture: install the agent \
+         image built for this node",
+    )
+}
+
+fn propagation<N: Node>(node: &N, opts: &Options, facts: &Facts) -> Check {
+    const NAME: &str = "propagation";
+    if !facts.mock {
+        return Check::skip(NAME, REAL_NODE);
+    }
+    let dir = opts.layout.host_dir();
+    let d = dir.display();
+    let fix = format!(
+        "restart the agent as root (it makes {d} a shared mount), or run `mount --make-shared {d}`"
+    );
+    let info = match node.mountinfo() {
+        Ok(info) => info,
+        Err(e) => return Check::fail(NAME, format!("cannot read the mount table: {e}"), fix),
+    };
+    let Some(entry) = mount_at(&info, dir) else {
+        return Check::fail(
+            NAME,
+            format!(
+                "{d} is not a mount point, so a new tree mounted inside it does not reach running containers"
+            ),
+            format!(
+                "restart the agent as root (it makes {d} a shared mount), or run `mount --bind {d} {d} && mount --make-shared {d}`"
+            ),
+        );
+    };
+    if let Some(group) = entry
+        .optional
+        .iter()
+        .find_map(|f| f.strip_prefix("shared:"))
+    {
+        return Check::ok(
+            NAME,
+            format!(
+                "{d} is a shared mount (peer group {group}): mounts inside it reach containers"
+            ),
+        );
+    }
+    let kind = if entry.optional.iter().any(|f| f.starts_with("master:")) {
+        "a slave"
+    } else {
+        "a private"
+    };
+    Check::fail(
+        NAME,
+        format!(
+            "{d} is {kind} mount, so a new tree mounted inside it does not reach running containers"
+        ),
+        fix,
+    )
+}
+
+fn nri_socket_check(facts: &Facts) -> Check {
+    const NAME: &str = "nri-socket";
+    if !facts.mock {
+        return Check::skip(NAME, REAL_NODE);
+    }
+    let path = facts.nri_socket.display();
+    match &facts.nri_socket_state {
+        Ok(true) => Check::ok(NAME, format!("the runtime's NRI socket is at {path}")),
+        Ok(false) => Check::fail(
+            NAME,
+            format!("{path} is not a socket"),
+            "remove it and restart containerd, which creates the socket when NRI is enabled",
+        ),
+        Err(e) => Check::fail(
+            NAME,
+            format!("no NRI socket at {path}: {e}"),
+            "enable NRI in containerd's configuration (see nri-config) and restart containerd, \
+             or pass --nri-socket where it listens",
+        ),
+    }
+}
+
+/// The NRI plugin's id in containerd's configuration (version 2 and 3 files).
+const NRI_PLUGIN_ID: &str = "io.containerd.nri.v1.nri";
+
+/// containerd's configuration, as far as NRI is concerned.
+enum Containerd {
+    /// The file cannot be read.
+    Unreadable(io::Error),
+    /// It is not TOML, or its NRI section is not a table.
+    Invalid(String),
+    /// The file's `version` and its NRI section, if it has one.
+    Parsed {
+        version: i64,
+        nri: Option<toml::Table>,
+    },
+}
+
+impl Containerd {
+    fn read<N: Node>(node: &N, path: &Path) -> Containerd {
+        match node.read(path) {
+            Ok(raw) => Self::parse(&String::from_utf8_lossy(&raw)),
+            Err(e) => Containerd::Unreadable(e),
+        }
+    }
+
+    fn parse(text: &str) -> Containerd {
+        let table: toml::Table = match toml::from_str(text) {
+            Ok(t) => t,
+            Err(e) => return Containerd::Invalid(e.to_string().trim().replace('\n', " ")),
+        };
+        // A file without `version` is version 1, whose plugins have short names.
+        let version = table
+            .get("version")
+            .and_then(toml::Value::as_integer)
+            .unwrap_or(1);
+        let id = if version == 1 { "nri" } else { NRI_PLUGIN_ID };
+        match table.get("plugins").and_then(|p| p.get(id)) {
+            None => Containerd::Parsed { version, nri: None },
+            Some(toml::Value::Table(nri)) => Containerd::Parsed {
+                version,
+                nri: Some(nri.clone()),
+            },
+            Some(_) => Containerd::Invalid(format!("plugins.\"{id}\" is not a table")),
+        }
+    }
+
+    fn nri_bool(&self, key: &str) -> Option<bool> {
+        match self {
+            Containerd::Parsed { nri: Some(nri), .. } => nri.get(key)?.as_bool(),
+            _ => None,
+        }
+    }
+
+    fn socket_path(&self) -> Option<PathBuf> {
+        match self {
+            Containerd::Parsed { nri: Some(nri), .. } => {
+                nri.get("socket_path")?.as_str().map(PathBuf::from)
+            }
+            _ => None,
+        }
+    }
+}
+
+fn nri_config(opts: &Options, facts: &Facts) -> Check {
+    const NAME: &str = "nri-config";
+    if !facts.mock {
+        return Check::skip(NAME, REAL_NODE);
+    }
+    let path = opts.containerd_config.display();
+    let (version, section) = match &facts.containerd {
+        Containerd::Unreadable(e) => {
+            return Check::skip(
+                NAME,
+                format!(
+                    "no containerd configuration readable at {path}: {e}; containerd's defaults \
+                     apply (NRI on in 2.x, off in 1.7), nri-socket tells whether it is on"
+                ),
+            );
+        }
+        Containerd::Invalid(e) => {
+            return Check::fail(
+                NAME,
+                format!("cannot parse {path}: {e}"),
+                "correct the file: containerd refuses it as well",
+            );
+        }
+        Containerd::Parsed { version, .. } => {
+            // Version 3 files quote the id with single quotes, version 2 with double quotes.
+            let section = match version {
+                1 => "[plugins.nri]".to_string(),
+                2 => format!("[plugins.\"{NRI_PLUGIN_ID}\"]"),
+                _ => format!("[plugins.'{NRI_PLUGIN_ID}']"),
+            };
+            (*version, section)
+        }
+    };
+    if facts.containerd.nri_bool("disable_connections") == Some(true) {
+        return Check::fail(
+            NAME,
+            format!(
+                "{path} lets no external plugin connect (disable_connections = true in {section})"
+            ),
+            format!("set disable_connections = false in {section} and restart containerd"),
+        );
+    }
+    match facts.containerd.nri_bool("disable") {
+        Some(true) => Check::fail(
+            NAME,
+            format!("NRI is disabled in {path} (disable = true in {section})"),
+            format!("set disable = false in {section} and restart containerd"),
+        ),
+        Some(false) => Check::ok(NAME, format!("NRI is enabled in {path} ({section})")),
+        None if version >= 3 => Check::ok(
+            NAME,
+            format!("{path} (version {version}, containerd 2.x) leaves NRI at its default: on"),
+        ),
+        None if matches!(facts.nri_socket_state, Ok(true)) => Check::ok(
+            NAME,
+            format!(
+                "{path} does not set disable in {section}; containerd's default is on here (its NRI socket exists)"
+            ),
+        ),
+        None => Check::fail(
+            NAME,
+            format!("{path} does not enable NRI, and containerd 1.7 leaves it off by default"),
+            format!("add disable = false to {section} in {path} and restart containerd"),
+        ),
+    }
+}
+
+/// The value of the sample `name` (without labels) in a Prometheus text exposition.
+fn sample(metrics: &str, name: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+fn nri_plugin(opts: &Options, facts: &Facts) -> Check {
+    const NAME: &str = "nri-plugin";
+    if !facts.mock {
+        return Check::skip(NAME, REAL_NODE);
+    }
+    let addr = opts.health;
+    let body = match &facts.metrics {
+        Ok(r) if r.status == 200 => &r.body,
+        Ok(r) => {
+            return Check::fail(
+                NAME,
+                format!("{addr}/metrics answers {}", r.status),
+                "see the agent's log",
+            );
+        }
+        Err(_) => return Check::skip(NAME, format!("no agent answers at {addr} (see agent)")),
+    };
+    let ready = sample(body, "mockgpu_nri_ready");
+    let connected = sample(body, "mockgpu_nri_connected");
+    let registrations = sample(body, "mockgpu_nri_registrations_total").unwrap_or(0.0);
+    let socket = facts.nri_socket.display();
+    match (ready, connected) {
+        (None, _) => Check::fail(
+            NAME,
+            format!(
+                "the agent at {addr} runs without its NRI plugin (no mockgpu_nri_ready metric)"
+            ),
+            format!("start the agent with --nri (or --nri-socket {socket})"),
+        ),
+        (Some(1.0), _) => Check::ok(
+            NAME,
+            format!(
+                "the agent's NRI plugin is registered with the runtime and synchronized ({registrations} registrations)"
+            ),
+        ),
+        (Some(_), Some(1.0)) => Check::fail(
+            NAME,
+            "the agent's NRI plugin is connected but not registered and synchronized",
+            "see the agent's and containerd's logs",
+        ),
+        (Some(_), _) => Check::fail(
+            NAME,
+            "the agent's NRI plugin is not connected to the runtime",
+            format!(
+                "check that the agent's --nri-socket is the runtime's ({socket}); the plugin reconnects by itself"
+            ),
+        ),
+    }
+}
+
+/// The values of the last `GresTypes=` in a slurm.conf (keys are case-insensitive).
+fn gres_types(conf: &str) -> Option<Vec<String>> {
+    conf.lines()
+        .rev()
+        .map(|l| l.split('#').next().unwrap_or_default())
+        .flat_map(|l| l.split_whitespace().rev())
+        .find_map(|word| {
+            let (key, value) = word.split_once('=')?;
+            key.eq_ignore_ascii_case("GresTypes")
+                .then(|| value.split(',').map(str::to_string).collect())
+        })
+}
+
+fn slurm<N: Node>(node: &N, path: &Path) -> Check {
+    const NAME: &str = "slurm";
+    let p = path.display();
+    let conf = match node.read(path) {
+        Ok(raw) => String::from_utf8_lossy(&raw).into_owned(),
+        Err(e) => {
+            return Check::skip(
+                NAME,
+                format!("no slurm.conf readable at {p}: {e}; pass --slurm-conf on a Slurm node"),
+            );
+        }
+    };
+    let fix = format!(
+        "add GresTypes=gpu to {p} (Slinky's chart: controller.extraConfMap.GresTypes) and run `scontrol reconfigure`"
+    );
+    match gres_types(&conf) {
+        Some(types) if types.iter().any(|t| t == "gpu") => {
+            Check::ok(NAME, format!("{p} sets GresTypes={}", types.join(",")))
+        }
+        Some(types) => Check::fail(
+            NAME,
+            format!(
+                "{p} sets GresTypes={} without gpu: slurmd ignores the GPUs it detects",
+                types.join(",")
+            ),
+            fix,
+        ),
+        None => Check::fail(
+            NAME,
+            format!("{p} has no GresTypes: slurmd ignores the GPUs it detects"),
+            fix,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+//! Every host call `doctor` makes, behind [`Node`]: [`Live`] makes them on this node, the unit
+//! tests' fake answers from tables.
+
+use std::io::{self, Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::FileTypeExt as _;
+use std::path::Path;
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use mockgpu_nri::inventory::{read_gpus, real_driver_loaded};
+
+use crate::sys::{Linux, Sys as _};
+
+/// How long one host call may take: a FUSE server that hangs, or an endpoint that accepts and
+/// never answers, must not hang the doctor.
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The largest file or HTTP body read.
+const MAX_READ: u64 = 4 << 20;
+
+/// The program run with the shim preloaded: a trivial dynamically linked one.
+pub const PRELOAD_PROGRAM: &str = "/bin/true";
+
+/// What the NVIDIA driver of this node says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RealDriver {
+    /// No driver lists a GPU: mock mode.
+    Absent,
+    /// The driver lists these GPUs (their model names).
+    Gpus(Vec<String>),
+    /// A driver is loaded but its files cannot be read.
+    Unreadable(String),
+}
+
+/// A program run with the shim in `LD_PRELOAD`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preloaded {
+    /// Whether it exited with status 0.
+    pub success: bool,
+    /// What it wrote to stderr (the dynamic loader's complaints, the shim's notes).
+    pub stderr: String,
+}
+
+/// An HTTP answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpReply {
+    /// The status code.
+    pub status: u16,
+    /// The body.
+    pub body: String,
+}
+
+/// The host calls of the checks.
+pub trait Node {
+    /// The mount table, in `/proc/<pid>/mountinfo` format.
+    fn mountinfo(&self) -> io::Result<String>;
+    /// Looks `path` up without following a final symlink.
+    fn lookup(&self, path: &Path) -> io::Result<()>;
+    /// The content of the file at `path`.
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Whether `path` (followed) is a socket.
+    fn is_socket(&self, path: &Path) -> io::Result<bool>;
+    /// Runs [`PRELOAD_PROGRAM`] with `shim` in `LD_PRELOAD`, the shim's root at `root` and its
+    /// notes on (`MOCKFS_DEBUG=1`).
+    fn preload(&self, shim: &Path, root: &Path) -> io::Result<Preloaded>;
+    /// The version of the C library this program runs with (`None` when it is not glibc).
+    fn glibc(&self) -> Option<String>;
+    /// `GET path` from `addr`.
+    fn http_get(&self, addr: SocketAddr, path: &str) -> io::Result<HttpReply>;
+    /// The NVIDIA driver's GPUs below `procfs` and `sysfs`.
+    fn real_driver(&self, procfs: &Path, sysfs: &Path) -> RealDriver;
+}
+
+/// This node.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Live;
+
+/// Runs `f` on a thread of its own and gives up after [`TIMEOUT`] (the thread is left behind,
+/// blocked; it ends with the process).
+fn bounded<T: Send + 'static>(
+    what: &Path,
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(TIMEOUT).unwrap_or_else(|_| {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{} did not answer within {TIMEOUT:?}", what.display()),
+        ))
+    })
+}
+
+impl Node for Live {
+    fn mountinfo(&self) -> io::Result<String> {
+        Linux.mountinfo()
+    }
+
+    fn lookup(&self, path: &Path) -> io::Result<()> {
+        let owned = path.to_path_buf();
+        bounded(path, move || Linux.lookup(&owned))
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let owned = path.to_path_buf();
+        bounded(path, move || {
+            let mut out = Vec::new();
+            std::fs::File::open(&owned)?
+                .take(MAX_READ)
+                .read_to_end(&mut out)?;
+            Ok(out)
+        })
+    }
+
+    fn is_socket(&self, path: &Path) -> io::Result<bool> {
+        std::fs::metadata(path).map(|m| m.file_type().is_socket())
+    }
+
+    fn preload(&self, shim: &Path, root: &Path) -> io::Result<Preloaded> {
+        let mut command = Command::new(PRELOAD_PROGRAM);
+        command
+            .env("LD_PRELOAD", shim)
+            .env("MOCKFS_ROOT", root)
+            .env("MOCKFS_DEBUG", "1")
+            .stdin(std::process::Stdio::null());
+        bounded(Path::new(PRELOAD_PROGRAM), move || {
+            let out = command.output()?;
+            Ok(Preloaded {
+                success: out.status.success(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            })
+        })
+    }
+
+    #[cfg(target_env = "gnu")]
+    fn glibc(&self) -> Option<String> {
+        // SAFETY: gnu_get_libc_version returns a static NUL-terminated string.
+        let version = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+        Some(version.to_string_lossy().into_owned())
+    }
+
+    #[cfg(not(target_env = "gnu"))]
+    fn glibc(&self) -> Option<String> {
+        None
+    }
+
+    fn http_get(&self, addr: SocketAddr, path: &str) -> io::Result<HttpReply> {
+        let mut s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+        s.set_read_timeout(Some(TIMEOUT))?;
+        s.set_write_timeout(Some(TIMEOUT))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut raw = Vec::new();
+        s.take(MAX_READ).read_to_end(&mut raw)?;
+        parse_http(&String::from_utf8_lossy(&raw))
+    }
+
+    fn real_driver(&self, procfs: &Path, sysfs: &Path) -> RealDriver {
+        if !real_driver_loaded(procfs) {
+            return RealDriver::Absent;
+        }
+        match read_gpus(procfs, sysfs) {
+            Ok(gpus) => RealDriver::Gpus(gpus.into_iter().map(|g| g.information.model).collect()),
+            Err(e) => RealDriver::Unreadable(e.to_string()),
+        }
+    }
+}
+
+/// Splits an HTTP/1.1 response into its status code and body.
+pub fn parse_http(raw: &str) -> io::Result<HttpReply> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "not an HTTP/1.1 response");
+    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(bad)?;
+    let status = head
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(bad)?;
+    Ok(HttpReply {
+        status,
+        body: body.to_string(),
+    })
+}

@@ -1,0 +1,629 @@
+//! Each check's logic against a fake node: a healthy one, then one thing broken at a time.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+const HEALTH: &str = "127.0.0.1:9464";
+const METRICS: &str = "mockgpu_gpus 4\nmockgpu_nri_connected 1\nmockgpu_nri_ready 1\nmockgpu_nri_registrations_total 1\n";
+
+/// A node that answers from tables; what is not in them does not exist (`ENOENT`).
+struct FakeNode {
+    mountinfo: String,
+    /// Lookups that succeed, or fail with the given errno.
+    lookups: BTreeMap<PathBuf, Option<i32>>,
+    files: BTreeMap<PathBuf, Vec<u8>>,
+    sockets: Vec<PathBuf>,
+    preload: Preloaded,
+    http: BTreeMap<&'static str, HttpReply>,
+    real: RealDriver,
+}
+
+fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+impl Node for FakeNode {
+    fn mountinfo(&self) -> io::Result<String> {
+        Ok(self.mountinfo.clone())
+    }
+
+    fn lookup(&self, path: &Path) -> io::Result<()> {
+        match self.lookups.get(path) {
+            Some(None) => Ok(()),
+            Some(Some(e)) => Err(errno(*e)),
+            None => Err(errno(libc::ENOENT)),
+        }
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        self.files
+            .get(path)
+            .cloned()
+            .ok_or_else(|| errno(libc::ENOENT))
+    }
+
+    fn is_socket(&self, path: &Path) -> io::Result<bool> {
+        if self.sockets.iter().any(|s| s == path) {
+            Ok(true)
+        } else if self.files.contains_key(path) {
+            Ok(false)
+        } else {
+            Err(errno(libc::ENOENT))
+        }
+    }
+
+    fn preload(&self, _shim: &Path, _root: &Path) -> io::Result<Preloaded> {
+        Ok(self.preload.clone())
+    }
+
+    fn glibc(&self) -> Option<String> {
+        Some("2.41".into())
+    }
+
+    fn http_get(&self, addr: SocketAddr, path: &str) -> io::Result<HttpReply> {
+        if addr.to_string() != HEALTH {
+            return Err(errno(libc::ECONNREFUSED));
+        }
+        self.http
+            .get(path)
+            .cloned()
+            .ok_or_else(|| errno(libc::ECONNREFUSED))
+    }
+
+    fn real_driver(&self, _procfs: &Path, _sysfs: &Path) -> RealDriver {
+        self.real.clone()
+    }
+}
+
+fn opts() -> Options {
+    Options {
+        layout: Layout::default(),
+        health: HEALTH.parse().unwrap(),
+        nri_socket: None,
+        containerd_config: "/etc/containerd/config.toml".into(),
+        slurm_conf: "/etc/slurm/slurm.conf".into(),
+        procfs: "/proc".into(),
+        sysfs: "/sys".into(),
+    }
+}
+
+const MOUNTINFO: &str = "22 1 0:21 / / rw - ext4 /dev/root rw\n\
+    30 22 0:30 /run/mockgpu /run/mockgpu rw shared:7 - tmpfs tmpfs rw\n\
+    31 30 0:31 / /run/mockgpu/fs ro shared:8 - fuse.mockgpu mockgpu ro\n";
+
+fn healthy() -> FakeNode {
+    let file = |p: &str, c: &str| (PathBuf::from(p), c.as_bytes().to_vec());
+    let reply = |body: &str| HttpReply {
+        status: 200,
+        body: body.into(),
+    };
+    FakeNode {
+        mountinfo: MOUNTINFO.into(),
+        lookups: [(PathBuf::from("/run/mockgpu/lib/libmockfs.so"), None)].into(),
+        files: [
+            file(
+                "/run/mockgpu/fs/proc/driver/nvidia/version",
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build\nGCC version: gcc\n",
+            ),
+            file("/run/mockgpu/ld.so.preload", "/run/mockgpu/lib/libmockfs.so\n"),
+            file(
+                "/etc/containerd/config.toml",
+                "version = 2\n[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = false\n  socket_path = \"/var/run/nri/nri.sock\"\n",
+            ),
+            file("/etc/slurm/slurm.conf", "ClusterName=c\nGresTypes=gpu\n"),
+        ]
+        .into(),
+        sockets: vec!["/var/run/nri/nri.sock".into()],
+        preload: Preloaded {
+            success: true,
+            stderr: "mockfs: mock root /run/mockgpu/fs\nmockfs: prefix /proc/driver/nvidia\n".into(),
+        },
+        http: [("/healthz", reply("ok\n")), ("/metrics", reply(METRICS))].into(),
+        real: RealDriver::Absent,
+    }
+}
+
+/// The check `name` on `node`, asserted to have `status` and a message containing `fragment`.
+fn check(node: &FakeNode, name: &str, status: Status, fragment: &str) -> Check {
+    let c = run(node, &opts())
+        .into_iter()
+        .find(|c| c.name == name)
+        .unwrap();
+    assert_eq!(c.status, status, "{c}");
+    assert!(c.message.contains(fragment), "{c}");
+    c
+}
+
+/// Asserts that `name` fails, with `message` and `fix` fragments, and that every other check
+/// keeps the healthy node's outcome.
+fn only_fails(node: &FakeNode, name: &str, message: &str, fix: &str) -> Check {
+    let checks = run(node, &opts());
+    let healthy = run(&healthy(), &opts());
+    for (c, h) in checks.iter().zip(&healthy) {
+        if c.name != name {
+            assert_eq!(c.status, h.status, "{c}");
+        }
+    }
+    let c = checks.into_iter().find(|c| c.name == name).unwrap();
+    assert_eq!(c.status, Status::Fail, "{c}");
+    assert!(c.message.contains(message), "{c}");
+    assert!(c.fix.as_deref().unwrap().contains(fix), "{c}");
+    c
+}
+
+#[test]
+fn a_healthy_node_passes_every_check() {
+    let checks = run(&healthy(), &opts());
+    assert_eq!(checks.len(), 9);
+    for c in &checks {
+        assert_eq!(c.status, Status::Ok, "{c}");
+        assert_eq!(c.fix, None);
+    }
+    assert!(!failed(&checks));
+    assert_eq!(
+        checks[2].to_string(),
+        "ok   fuse: driver tree mounted at /run/mockgpu/fs and answering (NVRM version: NVIDIA \
+         UNIX Open Kernel Module for x86_64 580.95.05 Release Build)"
+    );
+    assert_eq!(
+        checks[3].message,
+        "shim installed at /run/mockgpu/lib/libmockfs.so and loadable by this node's glibc 2.41"
+    );
+    assert_eq!(
+        checks[4].message,
+        "/run/mockgpu is a shared mount (peer group 7): mounts inside it reach containers"
+    );
+}
+
+#[test]
+fn one_line_and_one_json_object_per_check() {
+    let c = Check::fail("slurm", "no GresTypes", "add GresTypes=gpu");
+    assert_eq!(
+        c.to_string(),
+        "FAIL slurm: no GresTypes; fix: add GresTypes=gpu"
+    );
+    assert_eq!(
+        serde_json::to_string(&c).unwrap(),
+        r#"{"name":"slurm","status":"fail","message":"no GresTypes","fix":"add GresTypes=gpu"}"#
+    );
+    let s = Check::skip("slurm", "none");
+    assert_eq!(
+        serde_json::to_string(&s).unwrap(),
+        r#"{"name":"slurm","status":"skip","message":"none","fix":null}"#
+    );
+    assert!(failed(&[s.clone(), c]));
+    assert!(!failed(&[s]));
+}
+
+#[test]
+fn a_dead_agent_leaves_a_mount_that_answers_enotconn() {
+    let mut node = healthy();
+    node.lookups.insert(
+        "/run/mockgpu/fs/.mockgpu-liveness-probe".into(),
+        Some(libc::ENOTCONN),
+    );
+    let c = only_fails(
+        &node,
+        "fuse",
+        "is left by a dead agent",
+        "restart the agent",
+    );
+    assert!(c.message.contains("not connected"), "{c}");
+}
+
+#[test]
+fn fuse_fails_unmounted_or_foreign_or_unreadable() {
+    let mut node = healthy();
+    node.mountinfo = MOUNTINFO.lines().take(2).collect::<Vec<_>>().join("\n");
+    only_fails(
+        &node,
+        "fuse",
+        "nothing is mounted at /run/mockgpu/fs",
+        "start the agent with --dir /run/mockgpu",
+    );
+    let mut node = healthy();
+    node.mountinfo = MOUNTINFO.replace("fuse.mockgpu", "tmpfs");
+    only_fails(
+        &node,
+        "fuse",
+        "is a tmpfs mount, not the agent's FUSE tree",
+        "umount",
+    );
+    let mut node = healthy();
+    node.files
+        .remove(Path::new("/run/mockgpu/fs/proc/driver/nvidia/version"));
+    only_fails(
+        &node,
+        "fuse",
+        "cannot read /run/mockgpu/fs/proc/driver/nvidia/version",
+        "restart",
+    );
+}
+
+#[test]
+fn a_missing_shim_or_preload_file_fails() {
+    let mut node = healthy();
+    node.lookups.clear();
+    only_fails(
+        &node,
+        "shim",
+        "the shim /run/mockgpu/lib/libmockfs.so is missing",
+        "restart the agent",
+    );
+    let mut node = healthy();
+    node.files.insert(
+        "/run/mockgpu/ld.so.preload".into(),
+        b"/opt/m/lib/libmockfs.so\n".to_vec(),
+    );
+    only_fails(
+        &node,
+        "shim",
+        "names \"/opt/m/lib/libmockfs.so\", not /run/mockgpu/lib/libmockfs.so",
+        "--container-dir /run/mockgpu",
+    );
+}
+
+#[test]
+fn a_shim_the_loader_refuses_fails_with_its_words() {
+    let mut node = healthy();
+    node.preload = Preloaded {
+        success: false,
+        stderr: "/bin/true: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.99' not found (required by /run/mockgpu/lib/libmockfs.so)\n".into(),
+    };
+    only_fails(
+        &node,
+        "shim",
+        "version `GLIBC_2.99' not found",
+        "glibc 2.17 or later",
+    );
+    // ld.so ignores an unloadable preload and runs the program anyway.
+    node.preload = Preloaded {
+        success: true,
+        stderr: "ERROR: ld.so: object '/run/mockgpu/lib/libmockfs.so' from LD_PRELOAD cannot be preloaded (invalid ELF header): ignored.\n".into(),
+    };
+    only_fails(
+        &node,
+        "shim",
+        "cannot be preloaded (invalid ELF header)",
+        "architecture",
+    );
+    node.preload.stderr.clear();
+    only_fails(
+        &node,
+        "shim",
+        "the shim left no sign of being loaded",
+        "glibc",
+    );
+}
+
+#[test]
+fn propagation_must_be_shared() {
+    let mut node = healthy();
+    node.mountinfo = MOUNTINFO.replace("rw shared:7", "rw");
+    only_fails(
+        &node,
+        "propagation",
+        "/run/mockgpu is a private mount",
+        "--make-shared",
+    );
+    node.mountinfo = MOUNTINFO.replace("rw shared:7", "rw master:3");
+    only_fails(
+        &node,
+        "propagation",
+        "/run/mockgpu is a slave mount",
+        "--make-shared",
+    );
+    // A shared mount stacked on a private one: the topmost counts.
+    node.mountinfo = format!("{MOUNTINFO}40 30 0:40 / /run/mockgpu rw - tmpfs t rw\n");
+    only_fails(&node, "propagation", "is a private mount", "--make-shared");
+    node.mountinfo = MOUNTINFO.lines().next().unwrap().into();
+    let c = check(
+        &node,
+        "propagation",
+        Status::Fail,
+        "/run/mockgpu is not a mount point",
+    );
+    assert!(
+        c.fix
+            .unwrap()
+            .contains("mount --bind /run/mockgpu /run/mockgpu")
+    );
+}
+
+#[test]
+fn mountinfo_names_are_unescaped() {
+    let info = "30 22 0:30 / /run/mock\\040gpu rw shared:9 - tmpfs t rw\n";
+    let e = mount_at(info, Path::new("/run/mock gpu")).unwrap();
+    assert_eq!(e.fstype, "tmpfs");
+    assert_eq!(e.optional, ["shared:9"]);
+    assert!(mount_at(info, Path::new("/run/mock")).is_none());
+    assert!(mount_at("garbage\n", Path::new("/")).is_none());
+}
+
+#[test]
+fn the_nri_socket_must_exist_and_be_a_socket() {
+    let mut node = healthy();
+    node.sockets.clear();
+    only_fails(
+        &node,
+        "nri-socket",
+        "no NRI socket at /var/run/nri/nri.sock",
+        "enable NRI",
+    );
+    node.files.insert("/var/run/nri/nri.sock".into(), vec![]);
+    only_fails(&node, "nri-socket", "is not a socket", "restart containerd");
+}
+
+#[test]
+fn the_socket_checked_is_the_option_then_containerds_then_the_default() {
+    let mut node = healthy();
+    node.sockets = vec!["/x/nri.sock".into()];
+    let mut o = opts();
+    o.nri_socket = Some("/x/nri.sock".into());
+    let c = run(&node, &o)
+        .into_iter()
+        .find(|c| c.name == "nri-socket")
+        .unwrap();
+    assert_eq!(c.status, Status::Ok, "{c}");
+    node.files.insert(
+        "/etc/containerd/config.toml".into(),
+        b"version = 3\n[plugins.'io.containerd.nri.v1.nri']\nsocket_path = '/x/nri.sock'\n"
+            .to_vec(),
+    );
+    check(
+        &node,
+        "nri-socket",
+        Status::Ok,
+        "the runtime's NRI socket is at /x/nri.sock",
+    );
+    node.files.remove(Path::new("/etc/containerd/config.toml"));
+    check(
+        &node,
+        "nri-socket",
+        Status::Fail,
+        "no NRI socket at /var/run/nri/nri.sock: No such file or directory (os error 2)",
+    );
+}
+
+fn with_config(config: &str) -> FakeNode {
+    let mut node = healthy();
+    node.files.insert(
+        "/etc/containerd/config.toml".into(),
+        config.as_bytes().to_vec(),
+    );
+    node
+}
+
+#[test]
+fn nri_disabled_in_containerds_configuration_fails() {
+    let node = with_config("version = 2\n[plugins.\"io.containerd.nri.v1.nri\"]\ndisable = true\n");
+    only_fails(
+        &node,
+        "nri-config",
+        "NRI is disabled in /etc/containerd/config.toml (disable = true in [plugins.\"io.containerd.nri.v1.nri\"])",
+        "set disable = false in [plugins.\"io.containerd.nri.v1.nri\"]",
+    );
+    let node = with_config("version = 3\n[plugins.'io.containerd.nri.v1.nri']\ndisable = true\n");
+    only_fails(
+        &node,
+        "nri-config",
+        "disable = true in [plugins.'io.containerd.nri.v1.nri']",
+        "restart containerd",
+    );
+    let node = with_config(
+        "version = 3\n[plugins.'io.containerd.nri.v1.nri']\ndisable_connections = true\n",
+    );
+    only_fails(
+        &node,
+        "nri-config",
+        "lets no external plugin connect",
+        "disable_connections = false",
+    );
+    let node = with_config("[plugins.nri]\ndisable = true\n");
+    only_fails(
+        &node,
+        "nri-config",
+        "disable = true in [plugins.nri]",
+        "disable = false",
+    );
+}
+
+#[test]
+fn nri_left_at_containerds_default_depends_on_the_version() {
+    // Version 3 is containerd 2.x: NRI on by default.
+    let node = with_config("version = 3\n");
+    check(
+        &node,
+        "nri-config",
+        Status::Ok,
+        "(version 3, containerd 2.x) leaves NRI at its default: on",
+    );
+    // Version 2 is read by 1.7 (off by default) and 2.x (on): the socket tells.
+    let mut node = with_config("version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n");
+    check(&node, "nri-config", Status::Ok, "its NRI socket exists");
+    node.sockets.clear();
+    check(
+        &node,
+        "nri-config",
+        Status::Fail,
+        "containerd 1.7 leaves it off by default",
+    );
+}
+
+#[test]
+fn a_broken_or_absent_containerd_configuration() {
+    let node = with_config("version = 2\n[plugins\n");
+    let c = only_fails(
+        &node,
+        "nri-config",
+        "cannot parse /etc/containerd/config.toml: ",
+        "correct the file",
+    );
+    assert!(!c.message.contains('\n'), "one line: {c}");
+    let node = with_config("version = 2\nplugins = { \"io.containerd.nri.v1.nri\" = 1 }\n");
+    only_fails(
+        &node,
+        "nri-config",
+        "plugins.\"io.containerd.nri.v1.nri\" is not a table",
+        "correct",
+    );
+    let mut node = healthy();
+    node.files.remove(Path::new("/etc/containerd/config.toml"));
+    check(
+        &node,
+        "nri-config",
+        Status::Skip,
+        "no containerd configuration readable at /etc/containerd/config.toml: No such file",
+    );
+}
+
+#[test]
+fn the_agents_nri_plugin_must_be_registered() {
+    let mut node = healthy();
+    let metrics = |node: &mut FakeNode, body: &str| {
+        node.http.insert(
+            "/metrics",
+            HttpReply {
+                status: 200,
+                body: body.into(),
+            },
+        );
+    };
+    metrics(&mut node, "mockgpu_gpus 4\n");
+    only_fails(&node, "nri-plugin", "runs without its NRI plugin", "--nri");
+    metrics(&mut node, "mockgpu_nri_connected 0\nmockgpu_nri_ready 0\n");
+    only_fails(
+        &node,
+        "nri-plugin",
+        "is not connected to the runtime",
+        "--nri-socket",
+    );
+    metrics(&mut node, "mockgpu_nri_connected 1\nmockgpu_nri_ready 0\n");
+    only_fails(&node, "nri-plugin", "connected but not registered", "logs");
+    // No agent: the agent check fails and this one is not made.
+    node.http.clear();
+    let checks = run(&node, &opts());
+    let status: Vec<_> = checks
+        .iter()
+        .map(|c| (c.name, c.status))
+        .filter(|(_, s)| *s != Status::Ok)
+        .collect();
+    assert_eq!(
+        status,
+        [("agent", Status::Fail), ("nri-plugin", Status::Skip)]
+    );
+    assert!(
+        checks[1]
+            .message
+            .starts_with("no agent answers at 127.0.0.1:9464: "),
+        "{}",
+        checks[1]
+    );
+}
+
+#[test]
+fn slurm_needs_gres_types_gpu_when_a_slurm_conf_is_readable() {
+    let mut node = healthy();
+    let conf = |node: &mut FakeNode, text: &str| {
+        node.files
+            .insert("/etc/slurm/slurm.conf".into(), text.as_bytes().to_vec());
+    };
+    conf(&mut node, "ClusterName=c\n#GresTypes=gpu\n");
+    only_fails(
+        &node,
+        "slurm",
+        "has no GresTypes",
+        "add GresTypes=gpu to /etc/slurm/slurm.conf",
+    );
+    conf(&mut node, "gres_types=gpu\ngrestypes=mps\n");
+    only_fails(
+        &node,
+        "slurm",
+        "sets GresTypes=mps without gpu",
+        "scontrol reconfigure",
+    );
+    conf(
+        &mut node,
+        "NodeName=n CPUs=8  GRESTYPES=mps,gpu # comment\n",
+    );
+    check(
+        &node,
+        "slurm",
+        Status::Ok,
+        "/etc/slurm/slurm.conf sets GresTypes=mps,gpu",
+    );
+    node.files.remove(Path::new("/etc/slurm/slurm.conf"));
+    check(
+        &node,
+        "slurm",
+        Status::Skip,
+        "no slurm.conf readable at /etc/slurm/slurm.conf: No such file",
+    );
+}
+
+#[test]
+fn a_real_gpu_node_skips_what_concerns_the_mock() {
+    let mut node = healthy();
+    node.real = RealDriver::Gpus(vec!["NVIDIA H200".into(); 8]);
+    node.mountinfo.clear();
+    node.http.remove("/metrics");
+    let checks = run(&node, &opts());
+    let status: Vec<_> = checks.iter().map(|c| (c.name, c.status)).collect();
+    assert_eq!(
+        status,
+        [
+            ("mode", Status::Ok),
+            ("agent", Status::Ok),
+            ("fuse", Status::Skip),
+            ("shim", Status::Skip),
+            ("propagation", Status::Skip),
+            ("nri-socket", Status::Skip),
+            ("nri-config", Status::Skip),
+            ("nri-plugin", Status::Skip),
+            ("slurm", Status::Ok),
+        ]
+    );
+    assert_eq!(
+        checks[0].message,
+        "real mode: the NVIDIA driver lists 8 GPUs (NVIDIA H200); the agent mocks nothing"
+    );
+    assert_eq!(checks[2].message, REAL_NODE);
+    node.real = RealDriver::Unreadable("cannot read /proc/driver/nvidia/gpus/x: EACCES".into());
+    check(
+        &node,
+        "mode",
+        Status::Fail,
+        "its files cannot be read: cannot read /proc/driver/nvidia/gpus/x: EACCES",
+    );
+}
+
+#[test]
+fn http_replies_are_split_into_status_and_body() {
+    let r =
+        node::parse_http("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 9\r\n\r\nnot ready")
+            .unwrap();
+    assert_eq!(
+        r,
+        HttpReply {
+            status: 503,
+            body: "not ready".into()
+        }
+    );
+    for bad in [
+        "",
+        "HTTP/1.1 200 OK\r\n",
+        "SSH-2.0\r\n\r\n",
+        "HTTP/1.1 abc\r\n\r\n",
+    ] {
+        assert!(node::parse_http(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn metric_samples_are_read_by_exact_name() {
+    let m = "mockgpu_nri_ready_x 5\nmockgpu_nri_ready 1\nmockgpu_nri_errors_total{outcome=\"refused\"} 0\n";
+    assert_eq!(sample(m, "mockgpu_nri_ready"), Some(1.0));
+    assert_eq!(sample(m, "mockgpu_nri_errors_total"), None);
+    assert_eq!(sample(m, "absent"), None);
+}
