@@ -1,7 +1,8 @@
 //! The kubelet device plugin against a fake kubelet: the test serves the kubelet's
 //! `Registration` service on a temporary `device-plugins/kubelet.sock`, records what the plugin
 //! registers, and dials the plugin's socket as the kubelet does. The plugin creates real
-//! character devices in a temporary directory (the test needs root, for mknod).
+//! character devices in a temporary directory (the tests need root, for mknod; the last one
+//! also mounts the agent's FUSE tree, in a private mount namespace).
 
 mod common;
 
@@ -156,6 +157,21 @@ async fn dial(socket: &Path) -> DevicePluginClient<Channel> {
     DevicePluginClient::new(channel)
 }
 
+/// The result the plugin ended with.
+async fn ended(task: JoinHandle<Result<(), DevicePluginError>>) -> Result<(), DevicePluginError> {
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("timed out waiting for the plugin to end")
+        .expect("the plugin does not panic")
+}
+
+/// Opens `ListAndWatch` as the kubelet does after a registration.
+async fn list_and_watch(
+    client: &mut DevicePluginClient<Channel>,
+) -> Streaming<ListAndWatchResponse> {
+    client.list_and_watch(Empty {}).await.unwrap().into_inner()
+}
+
 async fn next(stream: &mut Streaming<ListAndWatchResponse>) -> Vec<Device> {
     tokio::time::timeout(WAIT, stream.next())
         .await
@@ -198,7 +214,7 @@ async fn registers_lists_and_allocates() {
 
     let socket = node.plugin_dir().join(&request.endpoint);
     let mut client = dial(&socket).await;
-    let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let mut stream = list_and_watch(&mut client).await;
     let devices = next(&mut stream).await;
     let listed: Vec<(String, String, Vec<i64>)> = devices
         .iter()
@@ -340,11 +356,7 @@ async fn registers_lists_and_allocates() {
     );
 
     drop(plugin._stop);
-    tokio::time::timeout(WAIT, plugin.task)
-        .await
-        .expect("the plugin stops")
-        .unwrap()
-        .unwrap();
+    ended(plugin.task).await.unwrap();
     assert!(!socket.exists(), "the plugin removes its socket");
 }
 
@@ -363,12 +375,7 @@ async fn a_restarted_kubelet_gets_a_new_registration() {
     let mut kubelet = Kubelet::start(&node.plugin_dir());
     let again = kubelet.registered().await;
     assert_eq!(again, first);
-    let mut stream = dial(&socket)
-        .await
-        .list_and_watch(Empty {})
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = list_and_watch(&mut dial(&socket).await).await;
     assert_eq!(next(&mut stream).await.len(), 4);
 
     // Only kubelet.sock recreated (the plugin's socket left in place): registered again too.
@@ -397,11 +404,7 @@ async fn a_second_plugin_for_the_resource_is_refused() {
 
     // Another agent for the same resource: the first one's socket answers.
     let second = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
-    let e = tokio::time::timeout(WAIT, second.task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap_err();
+    let e = ended(second.task).await.unwrap_err();
     let socket = node.plugin_dir().join(&registered.endpoint);
     assert!(
         e.to_string().starts_with(&format!(
@@ -440,11 +443,7 @@ async fn a_foreign_plugin_named_by_the_kubelets_checkpoint_is_a_conflict() {
     )
     .unwrap();
     let ours = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
-    let e = tokio::time::timeout(WAIT, ours.task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap_err();
+    let e = ended(ours.task).await.unwrap_err();
     assert_eq!(
         e.to_string(),
         format!(
@@ -467,4 +466,100 @@ async fn a_foreign_plugin_named_by_the_kubelets_checkpoint_is_a_conflict() {
     .unwrap();
     let _ours = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
     assert_eq!(kubelet.registered().await.resource_name, "nvidia.com/gpu");
+}
+
+/// Sends SIGTERM to the agent; kills it when dropped, so that a failed assertion leaves no
+/// agent running.
+struct Agent(std::process::Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn serve_advertises_the_gpus_and_follows_profile_changes() {
+    let node = Node::new();
+    let root = node.root.path();
+    let proc = root.join("proc");
+    fs::create_dir_all(&proc).unwrap();
+    fs::write(proc.join("devices"), common::HOST_DEVICES).unwrap();
+    let profile = root.join("profile.yaml");
+    fs::write(&profile, "base: gb300\n").unwrap();
+    common::in_private_namespace(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut kubelet = Kubelet::start(&node.plugin_dir());
+            let mut agent = Agent(
+                std::process::Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+                    .arg("serve")
+                    .args(["--node-name", "node-0", "--reload-interval", "0.05"])
+                    .arg("--profile-file")
+                    .arg(&profile)
+                    .arg("--dir")
+                    .arg(node.layout().host_dir())
+                    .arg("--sysfs")
+                    .arg(common::fixture("two-socket"))
+                    .arg("--procfs")
+                    .arg(&proc)
+                    .args(["--listen", "127.0.0.1:0", "--device-plugin"])
+                    .arg("--kubelet-dir")
+                    .arg(root.join("kubelet"))
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+            let request = kubelet.registered().await;
+            assert_eq!(request.resource_name, "nvidia.com/gpu");
+            let socket = node.plugin_dir().join(&request.endpoint);
+            let mut client = dial(&socket).await;
+            let mut stream = list_and_watch(&mut client).await;
+            let first = next(&mut stream).await;
+            assert_eq!(first.len(), 4);
+            assert!(first.iter().all(|d| d.health == "Healthy"), "{first:?}");
+
+            // The profile marks GPU 2 failed: the agent's reload reaches the kubelet's stream.
+            fs::write(&profile, "base: gb300\nfailed_gpus: [2]\n").unwrap();
+            let second = next(&mut stream).await;
+            let mut want = health(&first);
+            want[2].1 = "Unhealthy".into();
+            assert_eq!(health(&second), want);
+
+            let response = client
+                .allocate(AllocateRequest {
+                    container_requests: vec![ContainerAllocateRequest {
+                        devices_ids: vec![first[1].id.clone()],
+                    }],
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let gpu = &response.container_responses[0].devices[0];
+            assert_eq!(gpu.container_path, "/dev/nvidia1");
+            let meta = fs::metadata(&gpu.host_path).unwrap();
+            assert!(meta.file_type().is_char_device());
+            assert_eq!(meta.rdev(), nix::sys::stat::makedev(195, 1));
+
+            let pid = nix::unistd::Pid::from_raw(agent.0.id() as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+            let exited = async {
+                loop {
+                    if let Some(status) = agent.0.try_wait().unwrap() {
+                        return status;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            let status = tokio::time::timeout(WAIT, exited)
+                .await
+                .expect("the agent exits");
+            assert!(status.success(), "{status}");
+            assert!(!socket.exists(), "the agent removes its socket");
+        });
+    });
 }
