@@ -83,6 +83,9 @@ pub enum DevicePluginError {
         "invalid resource name {0:?}: must be <domain>/<name> like nvidia.com/gpu (a lowercase DNS domain, a name of 1-63 letters, digits, '-', '_' or '.')"
     )]
     ResourceName(String),
+    /// The kubelet directory is not an absolute path.
+    #[error("kubelet directory {0:?} must be an absolute path")]
+    KubeletDir(PathBuf),
     /// The kubelet's checkpoint cannot be read.
     #[error("cannot read the kubelet's checkpoint {path}: {reason}")]
     Checkpoint {
@@ -140,6 +143,9 @@ impl Config {
     ) -> Result<Config, DevicePluginError> {
         if !valid_resource_name(resource_name) {
             return Err(DevicePluginError::ResourceName(resource_name.to_string()));
+        }
+        if !kubelet_dir.is_absolute() {
+            return Err(DevicePluginError::KubeletDir(kubelet_dir.to_path_buf()));
         }
         Ok(Config {
             resource_name: resource_name.to_string(),
@@ -725,6 +731,11 @@ mod tests {
         ] {
             assert!(!valid_resource_name(bad), "{bad}");
         }
+        let e = Config::new("nvidia.com/gpu", Path::new("var/lib/kubelet"), &layout).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "kubelet directory \"var/lib/kubelet\" must be an absolute path"
+        );
         let e = Config::new("gpu", Path::new("/k"), &layout).unwrap_err();
         assert!(
             e.to_string()
