@@ -1,5 +1,6 @@
 //! Builds `libmockfs.so` (the `mockfs-shim` crate) so that the agent can carry it: `exec` and
 //! `serve` install it from the agent's own binary, and no separate artifact has to be found.
+//! Also generates the kubelet device plugin API's gRPC code from `proto/deviceplugin.proto`.
 //!
 //! The shim is built in release mode with a nested cargo into its own target directory under
 //! `OUT_DIR` (a different directory than the outer build's, so the two never wait on each other),
@@ -10,6 +11,25 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
+    device_plugin_api();
+    shim();
+}
+
+/// Compiles the device plugin `.proto` with protox (a protobuf compiler written in Rust, so a
+/// machine without `protoc` builds the agent) and generates its messages and services.
+fn device_plugin_api() {
+    let proto = "proto/deviceplugin.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let descriptors =
+        protox::compile([proto], ["proto"]).expect("compiling proto/deviceplugin.proto");
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .compile_fds(descriptors)
+        .expect("generating the device plugin API code");
+}
+
+/// Builds the shim and tells the agent's code where it is.
+fn shim() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let shim_dir = manifest_dir.join("../mockfs-shim");
     let workspace_dir = manifest_dir.join("..");

@@ -1,6 +1,7 @@
 //! The mockgpu node agent: probes the host, places the profile's GPUs onto it, renders the
 //! NVIDIA driver tree and serves it over FUSE.
 
+pub mod device_plugin;
 pub mod doctor;
 pub mod exec;
 pub mod fs;

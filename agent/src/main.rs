@@ -134,6 +134,15 @@ struct ServeArgs {
     /// GPU devices granted by Kubernetes get the mock.
     #[arg(long, env = "MOCKGPU_TRUSTED_NAMESPACES", value_delimiter = ',')]
     trusted_namespaces: Option<Vec<String>>,
+    /// Advertise the GPUs to the kubelet as an extended resource (the kubelet device plugin).
+    #[arg(long, env = "MOCKGPU_DEVICE_PLUGIN")]
+    device_plugin: bool,
+    /// The device plugin's resource name.
+    #[arg(long, env = "MOCKGPU_RESOURCE_NAME", default_value = mockgpu_agent::device_plugin::DEFAULT_RESOURCE)]
+    resource_name: String,
+    /// The kubelet's root directory (its device-plugins/ holds the registration socket).
+    #[arg(long, env = "MOCKGPU_KUBELET_DIR", default_value = mockgpu_agent::device_plugin::DEFAULT_KUBELET_DIR)]
+    kubelet_dir: PathBuf,
 }
 
 fn main() -> std::process::ExitCode {
@@ -262,6 +271,16 @@ fn serve(args: ServeArgs) -> Result<()> {
     if !(0.05..=3600.0).contains(&args.reload_interval) {
         anyhow::bail!("--reload-interval must be between 0.05 and 3600 seconds");
     }
+    let device_plugin = args
+        .device_plugin
+        .then(|| {
+            mockgpu_agent::device_plugin::Config::new(
+                &args.resource_name,
+                &args.kubelet_dir,
+                &layout,
+            )
+        })
+        .transpose()?;
     let cfg = ServeConfig {
         profile: profile_source(&args.profile),
         node_name: node_name(&args.profile)?,
@@ -271,6 +290,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         listen: args.listen,
         reload_interval: std::time::Duration::from_secs_f64(args.reload_interval),
         nri,
+        device_plugin,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,5 +1,6 @@
 //! `mockgpu-agent serve`: the DaemonSet process. Mounts the driver tree over FUSE, installs the
-//! shim, follows profile changes, runs the NRI plugin in-process and answers health checks.
+//! shim, follows profile changes, runs the NRI plugin and the kubelet device plugin in-process
+//! and answers health checks.
 
 use std::fs;
 use std::future::Future;
@@ -23,7 +24,7 @@ use prometheus_client::metrics::{counter::ConstCounter, gauge::ConstGauge};
 use crate::fs::{Mounted, TreeHandle};
 use crate::host::{HostError, SysfsHost};
 use crate::tree::Tree;
-use crate::{mounts, real, render, shim};
+use crate::{device_plugin, mounts, real, render, shim};
 
 /// Largest profile file accepted (real ones are well under 4 KiB).
 pub const MAX_PROFILE_BYTES: u64 = 1 << 20;
@@ -106,6 +107,9 @@ pub enum ServeError {
     /// The NRI plugin failed.
     #[error(transparent)]
     Nri(#[from] mockgpu_nri::Error),
+    /// The device plugin failed (or refused to start).
+    #[error(transparent)]
+    DevicePlugin(#[from] device_plugin::DevicePluginError),
 }
 
 impl ProfileSource {
@@ -194,6 +198,8 @@ pub struct ServeConfig {
     pub reload_interval: Duration,
     /// The in-process NRI plugin's settings, when enabled.
     pub nri: Option<mockgpu_nri::Config>,
+    /// The kubelet device plugin's settings, when enabled.
+    pub device_plugin: Option<device_plugin::Config>,
 }
 
 /// The agent's live state, shared by the reload loop, the NRI plugin and the health endpoint.
@@ -206,6 +212,8 @@ pub struct AgentState {
     real_gpus: AtomicU64,
     mount_ms: AtomicU64,
     handle: RwLock<Option<TreeHandle>>,
+    /// Every topology put in place, for the device plugin.
+    published: tokio::sync::watch::Sender<Option<NodeTopology>>,
 }
 
 impl AgentState {
@@ -411,6 +419,10 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         plugin = Some(p);
         pinning_rx = Some(rx);
     }
+    let device_plugin_metrics = device_plugin::Metrics::default();
+    if cfg.device_plugin.is_some() {
+        device_plugin_metrics.register(&mut registry);
+    }
     let health = HealthServer::bind(cfg.listen).await?;
     if let Ok(addr) = health.local_addr() {
         tracing::info!(%addr, "health endpoint listening");
@@ -430,6 +442,9 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
             count = gpus.len(),
             "real NVIDIA driver found: mocking nothing, reporting only"
         );
+        if cfg.device_plugin.is_some() {
+            tracing::warn!("device plugin not started: this node has real GPUs");
+        }
         shutdown.await;
         let _ = stop_tx.send(true);
         let _ = health_task.await;
@@ -449,6 +464,18 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         let rx = stop_rx.clone();
         tokio::spawn(async move { plugin.run(stopped(rx)).await })
     });
+    // The device plugin waits for the first topology, then registers with the kubelet.
+    let mut device_plugin_task = cfg.device_plugin.clone().map(|dp| {
+        let topology = state.published.subscribe();
+        let stop = stopped(stop_rx.clone());
+        tokio::spawn(device_plugin::run(
+            dp,
+            crate::sys::Linux,
+            topology,
+            device_plugin_metrics,
+            stop,
+        ))
+    });
 
     let prepared = {
         let cfg = cfg.clone();
@@ -460,6 +487,7 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     let mount_ms = started.elapsed().as_millis() as u64;
     state.mount_ms.store(mount_ms, Ordering::Relaxed);
     *state.handle.write().unwrap_or_else(|e| e.into_inner()) = Some(mounted.handle.clone());
+    state.published.send_replace(Some(topo.clone()));
     *state.topology.write().unwrap_or_else(|e| e.into_inner()) = Some(topo);
     state.mounted.store(true, Ordering::Release);
     tracing::info!(mount_ms, "ready");
@@ -476,10 +504,25 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
             })?
     };
 
-    shutdown.await;
+    // A device plugin that fails (another plugin serves the resource) ends the agent.
+    let device_plugin_failed = async {
+        match &mut device_plugin_task {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
+    let device_plugin_result = tokio::select! {
+        _ = shutdown => None,
+        result = device_plugin_failed => Some(result),
+    };
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     drop(reload_stop);
+    let device_plugin_result = match (device_plugin_result, device_plugin_task) {
+        (Some(result), _) => Some(result),
+        (None, Some(task)) => Some(task.await),
+        (None, None) => None,
+    };
     if let Some(t) = nri_task
         && let Ok(Err(e)) = t.await
     {
@@ -499,7 +542,10 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     })?;
     let _ = health_task.await;
     tracing::info!("driver tree unmounted");
-    Ok(())
+    match device_plugin_result {
+        Some(Ok(Err(e))) => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 /// Every `reload_interval` until `stop` is dropped: rebuilds the tree when the profile file or
@@ -548,6 +594,7 @@ fn reload_loop(
                     tracing::warn!(devices = ?topo.devices, "the host's /proc/devices changed: device majors chosen anew");
                 }
                 tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), changed, "tree updated");
+                state.published.send_replace(Some(topo.clone()));
                 *current = Some(topo);
             }
             Err(e) => {

@@ -6,6 +6,7 @@
 //! ├── fs/                       the FUSE driver tree (the shim's mock root)
 //! │   └── prefixes              the GPUs' sysfs directories the shim also redirects
 //! ├── lib/libmockfs.so          the shim
+//! ├── dev/                      device nodes the device plugin hands to the kubelet
 //! └── ld.so.preload             one line: the shim as containers see it
 //! ```
 
@@ -83,6 +84,12 @@ impl Layout {
         self.host.join("lib")
     }
 
+    /// The directory of the device nodes the device plugin allocates (`/run/mockgpu/dev`):
+    /// `/dev/nvidia0` of a container is `/run/mockgpu/dev/nvidia0` on the host.
+    pub fn dev_dir(&self) -> PathBuf {
+        self.host.join("dev")
+    }
+
     /// The `ld.so.preload` file bound onto containers' `/etc/ld.so.preload`.
     pub fn ld_so_preload(&self) -> PathBuf {
         self.host.join("ld.so.preload")
@@ -118,6 +125,7 @@ mod tests {
         let l = Layout::default();
         assert_eq!(l.mount_point(), Path::new("/run/mockgpu/fs"));
         assert_eq!(l.lib_dir(), Path::new("/run/mockgpu/lib"));
+        assert_eq!(l.dev_dir(), Path::new("/run/mockgpu/dev"));
         assert_eq!(l.ld_so_preload(), Path::new("/run/mockgpu/ld.so.preload"));
         assert_eq!(l.ld_so_preload_content(), "/run/mockgpu/lib/libmockfs.so\n");
         assert!(l.container_root_is_default());

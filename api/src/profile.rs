@@ -157,6 +157,9 @@ pub struct ProfileSpec {
     /// Render `numa_status` (only with `coherent_memory`; off by default because hwloc removes
     /// the NUMA node it names).
     pub numa_status: Option<bool>,
+    /// Indices of GPUs that have failed: still rendered, but reported unhealthy (the device
+    /// plugin advertises them as `Unhealthy`, so the kubelet stops counting them).
+    pub failed_gpus: Option<Vec<u32>>,
 }
 
 /// A complete, validated profile.
@@ -198,6 +201,9 @@ pub struct Profile {
     pub coherent_memory: bool,
     /// Render `numa_status`.
     pub numa_status: bool,
+    /// Indices of failed GPUs, ascending and below the GPU count (not part of the GPUs'
+    /// identity: a GPU keeps its UUID when it fails).
+    pub failed_gpus: Vec<u32>,
 }
 
 impl Profile {
@@ -292,6 +298,7 @@ impl ProfileSpec {
             open_kernel_module: over.open_kernel_module.or(self.open_kernel_module),
             coherent_memory: over.coherent_memory.or(self.coherent_memory),
             numa_status: over.numa_status.or(self.numa_status),
+            failed_gpus: over.failed_gpus.or(self.failed_gpus),
         }
     }
 
@@ -395,6 +402,23 @@ impl ProfileSpec {
                 "only coherent-memory boards (coherent_memory: true) have numa_status".into(),
             ));
         }
+        let mut failed_gpus = self.failed_gpus.unwrap_or_default();
+        failed_gpus.sort_unstable();
+        if let Some(&index) = failed_gpus.iter().find(|&&i| i >= gpus) {
+            return Err(err(
+                "failed_gpus",
+                format!(
+                    "GPU {index} does not exist (the profile has {gpus} GPUs, 0 to {})",
+                    gpus - 1
+                ),
+            ));
+        }
+        if let Some(pair) = failed_gpus.windows(2).find(|p| p[0] == p[1]) {
+            return Err(err(
+                "failed_gpus",
+                format!("GPU {} is listed twice", pair[0]),
+            ));
+        }
         Ok(Profile {
             name,
             model,
@@ -416,6 +440,7 @@ impl ProfileSpec {
             open_kernel_module: self.open_kernel_module.unwrap_or(true),
             coherent_memory,
             numa_status,
+            failed_gpus,
         })
     }
 }
@@ -514,6 +539,22 @@ mod tests {
                 .as_deref(),
             Some("bus_ids")
         );
+    }
+
+    #[test]
+    fn failed_gpus_are_validated_and_sorted() {
+        let p = Profile::from_yaml("base: gb300\nfailed_gpus: [3, 1]\n", "t.yaml").unwrap();
+        assert_eq!(p.failed_gpus, [1, 3]);
+        assert!(Profile::builtin("gb300").unwrap().failed_gpus.is_empty());
+        let e = error_of("base: gb300\nfailed_gpus: [4]\n");
+        assert_eq!(e.field.as_deref(), Some("failed_gpus"), "{e}");
+        assert!(
+            e.message
+                .contains("GPU 4 does not exist (the profile has 4 GPUs, 0 to 3)"),
+            "{e}"
+        );
+        let e = error_of("base: gb300\nfailed_gpus: [2, 2]\n");
+        assert_eq!(e.message, "GPU 2 is listed twice");
     }
 
     #[test]

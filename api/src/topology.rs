@@ -288,6 +288,8 @@ fn gpu_uuid(profile: &Profile, node_name: &str, index: u32) -> String {
         open_kernel_module,
         coherent_memory,
         numa_status,
+        // Health is not identity: a GPU keeps its UUID when it fails.
+        failed_gpus: _,
     } = profile;
     let bus_ids: Vec<String> = bus_ids.iter().map(BusId::to_string).collect();
     // Fields are NUL-separated; none can contain a NUL (validated text, numbers, lists).

@@ -1,0 +1,770 @@
+//! The kubelet device plugin (`serve --device-plugin`): advertises the mock GPUs as an extended
+//! resource (`nvidia.com/gpu` by default), so that pods that ask for GPUs are scheduled onto
+//! the node and get device nodes the NRI plugin recognises.
+//!
+//! The kubelet's Device Plugin API v1beta1 is gRPC over Unix sockets in the kubelet's
+//! `device-plugins/` directory. The plugin serves the `DevicePlugin` service on its own socket
+//! there, then calls `Register` on the kubelet's `kubelet.sock` with its socket's file name; the
+//! kubelet dials back and keeps a `ListAndWatch` stream open, through which the plugin reports
+//! its devices (one per GPU, ID = UUID, with the GPU's NUMA node) and their health whenever
+//! they change. A restarted kubelet recreates `kubelet.sock` and deletes the plugins' sockets,
+//! so the plugin watches both files and, when either changes, serves a new socket and
+//! registers again.
+
+mod conflict;
+mod nodes;
+mod preferred;
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs;
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt as _};
+use mockgpu_api::{Layout, NodeTopology};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::{UnixListenerStream, WatchStream};
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Request, Response, Status};
+
+pub use conflict::CHECKPOINT;
+pub use nodes::NodeError;
+pub use preferred::{PreferError, preferred};
+use proto::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use proto::registration_client::RegistrationClient;
+use proto::{
+    AllocateRequest, AllocateResponse, ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Empty,
+    ListAndWatchResponse, NumaNode, PreStartContainerRequest, PreStartContainerResponse,
+    PreferredAllocationRequest, PreferredAllocationResponse, RegisterRequest, TopologyInfo,
+};
+
+use crate::sys::Sys;
+
+/// The Device Plugin API's messages, clients and servers (from `proto/deviceplugin.proto`).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod proto {
+    tonic::include_proto!("v1beta1");
+}
+
+/// The API version sent in `Register`.
+pub const API_VERSION: &str = "v1beta1";
+/// The kubelet's registration socket, in the device plugin directory.
+pub const KUBELET_SOCKET: &str = "kubelet.sock";
+/// The device plugin directory, below the kubelet's root directory.
+pub const PLUGIN_DIR: &str = "device-plugins";
+/// Default resource name.
+pub const DEFAULT_RESOURCE: &str = "nvidia.com/gpu";
+/// Default kubelet root directory.
+pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
+/// A device's health as the kubelet spells it.
+pub const HEALTHY: &str = "Healthy";
+/// A device's health as the kubelet spells it.
+pub const UNHEALTHY: &str = "Unhealthy";
+/// The variable that names a container's GPUs.
+pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// How long a socket has to accept a connection.
+const CONNECT: Duration = Duration::from_secs(2);
+
+/// Errors of the device plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum DevicePluginError {
+    /// The resource name is not an extended resource name.
+    #[error(
+        "invalid resource name {0:?}: must be <domain>/<name> like nvidia.com/gpu (a lowercase DNS domain, a name of 1-63 letters, digits, '-', '_' or '.')"
+    )]
+    ResourceName(String),
+    /// The kubelet directory is not an absolute path.
+    #[error("kubelet directory {0:?} must be an absolute path")]
+    KubeletDir(PathBuf),
+    /// The kubelet's checkpoint cannot be read.
+    #[error("cannot read the kubelet's checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// The file (or the directory).
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Another live plugin serves the resource.
+    #[error(
+        "another device plugin already serves {resource} on this node (socket {socket}, devices {}); stop it (e.g. the GPU Operator's device plugin) or choose another --resource-name",
+        .ids.join(", ")
+    )]
+    Conflict {
+        /// The resource.
+        resource: String,
+        /// The other plugin's socket.
+        socket: PathBuf,
+        /// Devices it serves.
+        ids: Vec<String>,
+    },
+    /// The plugin's socket cannot be served.
+    #[error("cannot serve the device plugin socket {path}: {source}")]
+    Socket {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A device node cannot be created.
+    #[error(transparent)]
+    Nodes(#[from] NodeError),
+}
+
+/// Settings of the device plugin.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The extended resource (`nvidia.com/gpu`).
+    pub resource_name: String,
+    /// The kubelet's root directory (`/var/lib/kubelet`).
+    pub kubelet_dir: PathBuf,
+    /// Where the device nodes are created on the host (the layout's `dev/`).
+    pub dev_dir: PathBuf,
+    /// How often the kubelet's and the plugin's sockets are checked for a kubelet restart.
+    pub poll_interval: Duration,
+}
+
+impl Config {
+    /// The settings for `resource_name` and the kubelet at `kubelet_dir`, with the device nodes
+    /// in `layout`'s `dev/`.
+    pub fn new(
+        resource_name: &str,
+        kubelet_dir: &Path,
+        layout: &Layout,
+    ) -> Result<Config, DevicePluginError> {
+        if !valid_resource_name(resource_name) {
+            return Err(DevicePluginError::ResourceName(resource_name.to_string()));
+        }
+        if !kubelet_dir.is_absolute() {
+            return Err(DevicePluginError::KubeletDir(kubelet_dir.to_path_buf()));
+        }
+        Ok(Config {
+            resource_name: resource_name.to_string(),
+            kubelet_dir: kubelet_dir.to_path_buf(),
+            dev_dir: layout.dev_dir(),
+            poll_interval: Duration::from_secs(1),
+        })
+    }
+
+    /// The device plugin directory (`/var/lib/kubelet/device-plugins`).
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.kubelet_dir.join(PLUGIN_DIR)
+    }
+
+    /// The plugin's socket file name (`mockgpu-nvidia.com_gpu.sock`).
+    pub fn endpoint(&self) -> String {
+        format!("mockgpu-{}.sock", self.resource_name.replace('/', "_"))
+    }
+}
+
+/// `<domain>/<name>`: a lowercase DNS domain and a qualified name, as the kubelet requires of
+/// extended resources.
+fn valid_resource_name(name: &str) -> bool {
+    let Some((domain, name)) = name.split_once('/') else {
+        return false;
+    };
+    let alnum_ends = |s: &str| {
+        s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+    };
+    let domain_ok = domain.len() <= 253
+        && domain.contains('.')
+        && domain.split('.').all(|label| {
+            label.len() <= 63
+                && alnum_ends(label)
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        });
+    let name_ok = name.len() <= 63
+        && alnum_ends(name)
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    domain_ok && name_ok && domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io")
+}
+
+/// The device plugin's metrics, named `mockgpu_device_plugin_*`.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    registrations: Counter,
+    allocations: Counter,
+    allocated_gpus: Counter,
+    healthy_gpus: Gauge,
+}
+
+impl Metrics {
+    /// Registers the metrics in `registry` (once per registry).
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("mockgpu_device_plugin");
+        r.register(
+            "registrations",
+            "Registrations with the kubelet",
+            self.registrations.clone(),
+        );
+        r.register(
+            "allocations",
+            "Containers given GPUs",
+            self.allocations.clone(),
+        );
+        r.register(
+            "allocated_gpus",
+            "GPUs given to containers",
+            self.allocated_gpus.clone(),
+        );
+        r.register(
+            "healthy_gpus",
+            "GPUs advertised as healthy",
+            self.healthy_gpus.clone(),
+        );
+    }
+}
+
+/// Dials the gRPC server on the Unix socket `socket`.
+async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_shared(format!("unix://{}", socket.display()))?
+        .connect_timeout(CONNECT)
+        .connect()
+        .await
+}
+
+/// The UUIDs of a topology's GPUs.
+fn uuids(topo: &NodeTopology) -> BTreeSet<String> {
+    topo.gpus.iter().map(|g| g.uuid.clone()).collect()
+}
+
+/// The device list of `topo`: its GPUs in minor order, healthy unless the profile marks them
+/// failed, then the GPUs advertised before (`seen`) that are gone, unhealthy.
+pub fn device_list(topo: &NodeTopology, seen: &BTreeSet<String>) -> Vec<Device> {
+    let mut devices: Vec<Device> = topo
+        .gpus
+        .iter()
+        .map(|g| Device {
+            id: g.uuid.clone(),
+            health: if topo.profile.failed_gpus.contains(&g.index) {
+                UNHEALTHY
+            } else {
+                HEALTHY
+            }
+            .into(),
+            topology: (g.numa_node >= 0).then(|| TopologyInfo {
+                nodes: vec![NumaNode {
+                    id: i64::from(g.numa_node),
+                }],
+            }),
+        })
+        .collect();
+    let current = uuids(topo);
+    devices.extend(seen.difference(&current).map(|id| Device {
+        id: id.clone(),
+        health: UNHEALTHY.into(),
+        topology: None,
+    }));
+    devices
+}
+
+/// An `Allocate` container request that cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocateError {
+    /// More devices than the node has GPUs.
+    #[error("allocation of {} devices ({}) is larger than the node's {gpus} GPUs", .ids.len(), .ids.join(", "))]
+    TooMany {
+        /// The IDs asked for.
+        ids: Vec<String>,
+        /// The node's GPUs.
+        gpus: usize,
+    },
+    /// IDs that are none of this node's GPUs.
+    #[error("unknown device IDs: {}", .0.join(", "))]
+    Unknown(Vec<String>),
+    /// An ID asked for twice.
+    #[error("device ID {0} is requested twice")]
+    Twice(String),
+}
+
+/// What a container that was allocated `ids` gets: for each GPU `/dev/nvidia<minor>` (the host's
+/// node below `dev_dir`), then `nvidiactl` and the unified-memory nodes, all `rw`, and
+/// `NVIDIA_VISIBLE_DEVICES` naming the GPUs; GPUs in minor order.
+pub fn allocate(
+    topo: &NodeTopology,
+    dev_dir: &Path,
+    ids: &[String],
+) -> Result<ContainerAllocateResponse, AllocateError> {
+    if ids.len() > topo.gpus.len() {
+        return Err(AllocateError::TooMany {
+            ids: ids.to_vec(),
+            gpus: topo.gpus.len(),
+        });
+    }
+    let unknown: Vec<String> = ids
+        .iter()
+        .filter(|id| !topo.gpus.iter().any(|g| &g.uuid == *id))
+        .cloned()
+        .collect();
+    if !unknown.is_empty() {
+        return Err(AllocateError::Unknown(unknown));
+    }
+    if let Some((_, id)) = ids
+        .iter()
+        .enumerate()
+        .find(|(i, id)| ids[..*i].contains(id))
+    {
+        return Err(AllocateError::Twice(id.clone()));
+    }
+    let mut gpus: Vec<&mockgpu_api::Gpu> =
+        topo.gpus.iter().filter(|g| ids.contains(&g.uuid)).collect();
+    gpus.sort_by_key(|g| g.minor);
+    let spec = |node: &mockgpu_api::DeviceNode| DeviceSpec {
+        container_path: node.path.clone(),
+        host_path: nodes::host_path(dev_dir, node).display().to_string(),
+        permissions: "rw".into(),
+    };
+    let mut devices: Vec<DeviceSpec> = gpus
+        .iter()
+        .map(|g| spec(&mockgpu_api::DeviceNode::gpu(g.minor)))
+        .collect();
+    devices.extend(topo.devices.control_nodes().iter().map(spec));
+    let visible: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    Ok(ContainerAllocateResponse {
+        envs: HashMap::from([(VISIBLE_DEVICES.to_string(), visible.join(","))]),
+        devices,
+    })
+}
+
+/// What the gRPC service reads, shared by every socket the plugin serves.
+struct Shared {
+    config: Config,
+    topology: watch::Receiver<Option<NodeTopology>>,
+    devices: watch::Receiver<Vec<Device>>,
+    metrics: Metrics,
+}
+
+impl Shared {
+    fn topology(&self) -> Result<NodeTopology, Status> {
+        self.topology
+            .borrow()
+            .clone()
+            .ok_or_else(|| Status::unavailable("no GPUs loaded yet"))
+    }
+}
+
+/// The `DevicePlugin` service of one served socket: its `ListAndWatch` streams end when the
+/// socket is replaced (`stop`).
+struct Service {
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+}
+
+fn options() -> DevicePluginOptions {
+    DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: true,
+    }
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for Service {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(options()))
+    }
+
+    type ListAndWatchStream =
+        Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
+
+    async fn list_and_watch(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let mut stop = self.stop.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        let stream = WatchStream::new(self.shared.devices.clone())
+            .map(|devices| Ok(ListAndWatchResponse { devices }))
+            .take_until(stopped);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        let topo = self.shared.topology()?;
+        let container_responses = request
+            .into_inner()
+            .container_requests
+            .iter()
+            .map(|r| {
+                preferred(
+                    &topo.gpus,
+                    &r.available_device_i_ds,
+                    &r.must_include_device_i_ds,
+                    i64::from(r.allocation_size),
+                )
+                .map(|device_i_ds| ContainerPreferredAllocationResponse { device_i_ds })
+                .map_err(|e| Status::invalid_argument(e.to_string()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Response::new(PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
+        let topo = self.shared.topology()?;
+        let requests = request.into_inner().container_requests;
+        let container_responses = requests
+            .iter()
+            .map(|r| allocate(&topo, &self.shared.config.dev_dir, &r.devices_ids))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| {
+                tracing::warn!(error = %e, "allocation refused");
+                Status::invalid_argument(e.to_string())
+            })?;
+        for r in &requests {
+            let minors: Vec<u32> = topo
+                .gpus
+                .iter()
+                .filter(|g| r.devices_ids.contains(&g.uuid))
+                .map(|g| g.minor)
+                .collect();
+            self.shared.metrics.allocations.inc();
+            self.shared
+                .metrics
+                .allocated_gpus
+                .inc_by(r.devices_ids.len() as u64);
+            tracing::info!(resource = %self.shared.config.resource_name, uuids = ?r.devices_ids, ?minors, "GPUs allocated to a container");
+        }
+        Ok(Response::new(AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
+
+/// A file's identity (device and inode), to notice it being recreated.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// One served socket: its identity and what stops it.
+struct Session {
+    identity: Option<(u64, u64)>,
+    stop: watch::Sender<bool>,
+}
+
+/// Serves the `DevicePlugin` service on a fresh socket at `socket`.
+fn serve_socket(socket: &Path, shared: &Arc<Shared>) -> Result<Session, DevicePluginError> {
+    let error = |source| DevicePluginError::Socket {
+        path: socket.to_path_buf(),
+        source,
+    };
+    match fs::remove_file(socket) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(error(e)),
+        _ => {}
+    }
+    if let Some(dir) = socket.parent() {
+        fs::create_dir_all(dir).map_err(error)?;
+    }
+    let listener = UnixListener::bind(socket).map_err(error)?;
+    let (stop, stopped) = watch::channel(false);
+    let service = Service {
+        shared: shared.clone(),
+        stop: stopped.clone(),
+    };
+    let path = socket.to_path_buf();
+    tokio::spawn(async move {
+        let mut stopped = stopped;
+        let result = Server::builder()
+            .add_service(DevicePluginServer::new(service))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(socket = %path.display(), error = %e, "device plugin server ended");
+        }
+    });
+    Ok(Session {
+        identity: identity(socket),
+        stop,
+    })
+}
+
+/// Calls the kubelet's `Register` for this plugin.
+async fn register(config: &Config) -> Result<(), String> {
+    let channel = connect(&config.plugin_dir().join(KUBELET_SOCKET))
+        .await
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    RegistrationClient::new(channel)
+        .register(RegisterRequest {
+            version: API_VERSION.into(),
+            endpoint: config.endpoint(),
+            resource_name: config.resource_name.clone(),
+            options: Some(options()),
+        })
+        .await
+        .map_err(|s| format!("registration refused: {}", s.message()))?;
+    Ok(())
+}
+
+/// Creates the device nodes of `topo` off the async runtime.
+async fn sync_nodes<S: Sys + Send + Sync + 'static>(
+    sys: &Arc<S>,
+    dir: &Path,
+    topo: &NodeTopology,
+) -> Result<(), NodeError> {
+    let (sys, dir, wanted) = (sys.clone(), dir.to_path_buf(), nodes::nodes(topo));
+    tokio::task::spawn_blocking(move || nodes::sync(&*sys, &dir, &wanted))
+        .await
+        .expect("creating device nodes does not panic")
+}
+
+/// Follows topology changes (profile reloads): recreates the device nodes and publishes the new
+/// device list, which every open `ListAndWatch` stream sends on.
+async fn follow<S: Sys + Send + Sync + 'static>(
+    mut topology: watch::Receiver<Option<NodeTopology>>,
+    devices: watch::Sender<Vec<Device>>,
+    mut seen: BTreeSet<String>,
+    sys: Arc<S>,
+    dir: PathBuf,
+    metrics: Metrics,
+) {
+    while topology.changed().await.is_ok() {
+        let Some(topo) = topology.borrow_and_update().clone() else {
+            continue;
+        };
+        if let Err(e) = sync_nodes(&sys, &dir, &topo).await {
+            tracing::error!(error = %e, "device nodes not updated");
+        }
+        seen.extend(uuids(&topo));
+        let list = device_list(&topo, &seen);
+        publish_health(&metrics, &list);
+        devices.send_if_modified(|current| {
+            let changed = *current != list;
+            if changed {
+                *current = list;
+            }
+            changed
+        });
+    }
+}
+
+fn publish_health(metrics: &Metrics, list: &[Device]) {
+    let healthy = list.iter().filter(|d| d.health == HEALTHY).count();
+    metrics.healthy_gpus.set(healthy as i64);
+    tracing::info!(
+        healthy,
+        unhealthy = list.len() - healthy,
+        "device list published"
+    );
+}
+
+/// Runs the device plugin until `shutdown` completes: waits for the first topology, refuses to
+/// start when another plugin serves the resource, creates the device nodes, then serves its
+/// socket and registers with the kubelet, again whenever the kubelet restarts.
+pub async fn run<S: Sys + Send + Sync + 'static>(
+    config: Config,
+    sys: S,
+    mut topology: watch::Receiver<Option<NodeTopology>>,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DevicePluginError> {
+    tokio::pin!(shutdown);
+    let first = tokio::select! {
+        _ = &mut shutdown => return Ok(()),
+        t = topology.wait_for(Option::is_some) => match t {
+            Ok(t) => t.clone(),
+            Err(_) => return Ok(()),
+        },
+    };
+    let Some(first) = first else {
+        return Ok(());
+    };
+    let dir = config.plugin_dir();
+    let socket = dir.join(config.endpoint());
+    conflict::check(
+        &dir,
+        &config.resource_name,
+        &config.endpoint(),
+        &uuids(&first),
+    )
+    .await?;
+    let sys = Arc::new(sys);
+    sync_nodes(&sys, &config.dev_dir, &first).await?;
+    let seen = uuids(&first);
+    let list = device_list(&first, &seen);
+    publish_health(&metrics, &list);
+    let (devices_tx, devices) = watch::channel(list);
+    let follower = tokio::spawn(follow(
+        topology.clone(),
+        devices_tx,
+        seen,
+        sys,
+        config.dev_dir.clone(),
+        metrics.clone(),
+    ));
+    let shared = Arc::new(Shared {
+        config: config.clone(),
+        topology,
+        devices,
+        metrics: metrics.clone(),
+    });
+    let result = loop {
+        let session = match serve_socket(&socket, &shared) {
+            Ok(s) => s,
+            Err(e) => break Err(e),
+        };
+        let next = registered(&config, &session, &metrics, shutdown.as_mut()).await;
+        let _ = session.stop.send(true);
+        if next == Next::Shutdown {
+            if identity(&socket) == session.identity {
+                let _ = fs::remove_file(&socket);
+            }
+            break Ok(());
+        }
+    };
+    follower.abort();
+    result
+}
+
+/// Why [`registered`] returned.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// `shutdown` completed.
+    Shutdown,
+    /// The kubelet restarted: serve a new socket and register again.
+    Restart,
+}
+
+/// Registers `session`'s socket with the kubelet (retrying until the kubelet answers), then
+/// watches the plugin's and the kubelet's sockets until one of them changes or `shutdown`
+/// completes.
+async fn registered(
+    config: &Config,
+    session: &Session,
+    metrics: &Metrics,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Next {
+    let socket = config.plugin_dir().join(config.endpoint());
+    let kubelet_socket = config.plugin_dir().join(KUBELET_SOCKET);
+    let mut kubelet = None;
+    let mut failures = 0u32;
+    loop {
+        if kubelet.is_none() {
+            match register(config).await {
+                Ok(()) => {
+                    kubelet = identity(&kubelet_socket);
+                    metrics.registrations.inc();
+                    tracing::info!(resource = %config.resource_name, socket = %socket.display(), "registered with the kubelet");
+                }
+                Err(e) => {
+                    if failures == 0 {
+                        tracing::warn!(kubelet = %kubelet_socket.display(), error = %e, "cannot register with the kubelet yet; retrying");
+                    }
+                    failures += 1;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.as_mut() => return Next::Shutdown,
+            _ = tokio::time::sleep(config.poll_interval) => {}
+        }
+        if identity(&socket) != session.identity {
+            tracing::info!(socket = %socket.display(), "the plugin's socket was removed (the kubelet restarted?): serving it again");
+            return Next::Restart;
+        }
+        if kubelet.is_some() && identity(&kubelet_socket) != kubelet {
+            tracing::info!(kubelet = %kubelet_socket.display(), "the kubelet's socket was recreated: registering again");
+            return Next::Restart;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_names_are_extended_resource_names() {
+        let layout = Layout::default();
+        let config = Config::new("nvidia.com/gpu", Path::new("/var/lib/kubelet"), &layout).unwrap();
+        assert_eq!(config.endpoint(), "mockgpu-nvidia.com_gpu.sock");
+        assert_eq!(
+            config.plugin_dir(),
+            Path::new("/var/lib/kubelet/device-plugins")
+        );
+        assert_eq!(config.dev_dir, Path::new("/run/mockgpu/dev"));
+        for good in ["example.com/gpu", "a-b.c/GPU_1.x"] {
+            assert!(valid_resource_name(good), "{good}");
+        }
+        for bad in [
+            "gpu",
+            "nvidia/gpu",
+            "Nvidia.com/gpu",
+            "nvidia.com/",
+            "nvidia.com/-gpu",
+            "nvidia.com/g/pu",
+            "kubernetes.io/gpu",
+            "x.kubernetes.io/gpu",
+        ] {
+            assert!(!valid_resource_name(bad), "{bad}");
+        }
+        let e = Config::new("nvidia.com/gpu", Path::new("var/lib/kubelet"), &layout).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "kubelet directory \"var/lib/kubelet\" must be an absolute path"
+        );
+        let e = Config::new("gpu", Path::new("/k"), &layout).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("invalid resource name \"gpu\": must be <domain>/<name>"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn allocating_the_same_gpu_twice_is_refused() {
+        let profile = mockgpu_api::Profile::builtin("h100").unwrap();
+        let host = mockgpu_api::HostTopology {
+            cpus: mockgpu_api::CpuSet::from_ids(0..2),
+            nr_cpu_ids: 2,
+            ..Default::default()
+        };
+        let topo = NodeTopology::build(&profile, "n", &host).unwrap();
+        let id = topo.gpus[0].uuid.clone();
+        let e = allocate(&topo, Path::new("/d"), &[id.clone(), id.clone()]).unwrap_err();
+        assert_eq!(e, AllocateError::Twice(id.clone()));
+        assert_eq!(e.to_string(), format!("device ID {id} is requested twice"));
+        // A GPU that disappears from the profile stays listed, unhealthy.
+        let seen = BTreeSet::from([id.clone(), "GPU-gone".to_string()]);
+        let list = device_list(&topo, &seen);
+        let last = list.last().unwrap();
+        assert_eq!(
+            (last.id.as_str(), last.health.as_str()),
+            ("GPU-gone", UNHEALTHY)
+        );
+        assert_eq!(list.len(), topo.gpus.len() + 1);
+    }
+}
