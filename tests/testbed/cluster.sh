@@ -234,6 +234,8 @@ scenario_node_ready() {
   echo "  container runtime: $(kc get node "$NODE" -o jsonpath='{.status.nodeInfo.containerRuntimeVersion}')"
 }
 
+# (pods here have terminationGracePeriodSeconds: 1, since `sleep` as PID 1 ignores SIGTERM and the
+# default 30 s would be waited out on every delete)
 scenario_workloads() {  # a Pod (on the pod network) and a DaemonSet run; kubectl exec works
   wait_for 60 "the default service account" kc get serviceaccount default
   kc apply -f - > /dev/null <<'EOF'
@@ -241,6 +243,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: podnet, namespace: default}
 spec:
+  terminationGracePeriodSeconds: 1
   containers:
   - {name: c, image: localhost/busybox:1, imagePullPolicy: Never, command: ["/bin/sleep", "3600"]}
 ---
@@ -253,6 +256,7 @@ spec:
     metadata: {labels: {app: hostds}}
     spec:
       hostNetwork: true
+      terminationGracePeriodSeconds: 1
       containers:
       - {name: c, image: localhost/busybox:1, imagePullPolicy: Never, command: ["/bin/sleep", "3600"]}
 EOF
