@@ -24,6 +24,10 @@ kc() { nsenter -t "$(nodepid)" -n -- "$KUBECTL" --kubeconfig "$KCFG" --request-t
 # ---------------------------------------------------------------------------------------------
 # the node: its own /dev, sysfs and sysctls, configs, PKI
 
+# host-global sysctls the kubelet rewrites
+SYSCTLS="vm/overcommit_memory kernel/panic kernel/panic_on_oops"
+host_sysctls() { local n; for n in $SYSCTLS; do echo "$n=$(cat "/proc/sys/$n")"; done; }
+
 # in the holder, after pivot_root (the old root still at /.oldroot): a sysfs of the node's network
 # namespace (CNI reads /sys/class/net) with the host's cgroup tree inside; and the host-global
 # sysctls the kubelet rewrites, shadowed by files of the node
@@ -31,7 +35,7 @@ NODE_PIVOT_HOOK='
   mount -t sysfs sysfs /sys
   mount --rbind /.oldroot/sys/fs/cgroup /sys/fs/cgroup
   mkdir -p /run/fakesysctl
-  for n in vm/overcommit_memory kernel/panic kernel/panic_on_oops; do
+  for n in '"$SYSCTLS"'; do
     f=/run/fakesysctl/$(echo "$n" | tr / .); cat "/proc/sys/$n" > "$f"; mount --bind "$f" "/proc/sys/$n"
   done'
 NODE_NET_HOOK="busybox ip addr add $NODE_IP/32 dev lo; busybox ip route add default dev lo"
@@ -115,6 +119,7 @@ cluster_configs() {  # (write_configs, cluster mode) containerd with CNI, kubele
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
 EOF
   echo "nameserver 127.0.0.1" > "$R$KN/resolv.conf"   # pods' DNS: nothing outside the node is asked
+  host_sysctls > "$ST/host-sysctls"    # the isolation step checks that the host keeps them
   pki "$R$KN/pki"
   kubeconfig "$R$KN/admin.kubeconfig" admin
   kubeconfig "$R$KN/controller-manager.kubeconfig" controller-manager
@@ -411,6 +416,9 @@ isolation() {  # nothing reaches out of the node, nothing listens outside it, no
     [ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" != "$hostnet" ] || fail "pod process $p is in the host's network namespace"
   done
   ! grep -qiE 'PullImage|pulling image' "$LOGS/containerd.log" || fail "containerd pulled an image: $(grep -iE 'PullImage|pulling image' "$LOGS/containerd.log" | head -1)"
+  # the kubelet's sysctl writes landed on the node's shadow files, not on the host
+  [ "$(host_sysctls)" = "$(cat "$ST/host-sysctls")" ] || fail "host sysctls changed: $(host_sysctls | tr '\n' ' '), were $(tr '\n' ' ' < "$ST/host-sysctls")"
+  echo "  host sysctls kept ($(tr '\n' ' ' < "$ST/host-sysctls")); node (the kubelet's): $(for n in $SYSCTLS; do printf '%s=%s ' "$n" "$(innode cat "/proc/sys/$n")"; done)"
   echo "  node links: $(innode busybox ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | tr '\n' ' '); no process in the host's network namespace; no image pulled"
 }
 
