@@ -19,6 +19,10 @@ GPU_NS=gpu-jobs                    # a namespace the agent does not trust (--tru
 
 # kubectl from the host, in the node's network namespace only (the API server listens on its
 # loopback)
+HELM=${HELM:-$K8S_BIN/helm}
+# helm from the host likewise, with its state (cache, config) under $ST
+hc() { nsenter -t "$(nodepid)" -n -- env HELM_CACHE_HOME="$ST/helm/cache" HELM_CONFIG_HOME="$ST/helm/config" \
+  HELM_DATA_HOME="$ST/helm/data" "$HELM" --kubeconfig "$KCFG" "$@"; }
 kc() { nsenter -t "$(nodepid)" -n -- "$KUBECTL" --kubeconfig "$KCFG" --request-timeout=30s "$@"; }
 
 # ---------------------------------------------------------------------------------------------
@@ -422,10 +426,26 @@ isolation() {  # nothing reaches out of the node, nothing listens outside it, no
   echo "  node links: $(innode busybox ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | tr '\n' ' '); no process in the host's network namespace; no image pulled"
 }
 
+scenario_helm() {  # Helm installs and removes a chart against the real API server
+  local C=$ST/helm/chart out
+  rm -rf "$ST/helm"; mkdir -p "$C/templates"
+  printf 'apiVersion: v2\nname: mgtb-probe\nversion: 0.1.0\n' > "$C/Chart.yaml"
+  printf 'gpus: 4\n' > "$C/values.yaml"
+  # shellcheck disable=SC2016 # a Helm template, not shell
+  printf 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: {{ .Release.Name }}-probe}\ndata: {gpus: "{{ .Values.gpus }}"}\n' > "$C/templates/cm.yaml"
+  hc install probe "$C" --namespace default --set gpus=2 --wait --timeout 60s > /dev/null || fail "helm install"
+  out=$(kc get configmap probe-probe -o jsonpath='{.data.gpus}')
+  [ "$out" = 2 ] || fail "the chart's ConfigMap has gpus=$out, want 2 (from --set)"
+  echo "  $(hc version --short): $(hc list --namespace default --short | tr '\n' ' ')installed, ConfigMap gpus=$out"
+  hc uninstall probe --namespace default --wait > /dev/null || fail "helm uninstall"
+  ! kc get configmap probe-probe > /dev/null 2>&1 || fail "helm uninstall left the ConfigMap"
+}
+
 run_cluster_scenarios() {
   step node-ready scenario_node_ready
   step pod-daemonset-exec scenario_workloads
   step crd-admission-policy scenario_policy
+  step helm scenario_helm
   step device-plugin-socket scenario_device_plugin_socket
   step gpu-pod-injected scenario_gpu_pod
 }
