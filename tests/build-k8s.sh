@@ -5,7 +5,8 @@
 # versions and the Go toolchain. A second run only checks the cache. Prints the bin directory on
 # the last line of stdout (`--print-dir` prints it without building).
 # Env: MGK8S_CACHE (/var/tmp/mgk8s: binaries, module and build caches; keep it between CI runs),
-# GOMAXPROCS (2), NICE (15).
+# GOMAXPROCS (2), NICE (15), MGK8S_KEEP_GOCACHE (0: the 5 GB Go build cache is removed once the
+# binaries are in place; 1 keeps it for a faster rebuild at other versions).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/k8s-versions.sh"
@@ -100,4 +101,5 @@ done
 touch "$CACHE/$KEY/ok"
 echo "TIMING k8s-build-total: $(( $(date +%s) - T0 )) s" >&2
 du -sh "$BIN" "$GOMODCACHE" "$GOCACHE" >&2 || true
+if [ "${MGK8S_KEEP_GOCACHE:-0}" != 1 ]; then rm -rf "$GOCACHE"; fi
 echo "$BIN"
