@@ -16,6 +16,7 @@
 #   env         print shell exports (TB R LOGS CRI_SOCKET NRI_SOCKET NODE_PID ...)
 #   down        pods, our processes by PID, mounts, cgroups (safe to run any time)
 #   all         bootstrap up smoke agent-up scenarios latency, then down (down runs on every exit)
+#   cluster-up  (cluster mode, after up) etcd, kube-apiserver, controller manager, scheduler, kubelet
 #   kubectl ARGS  (cluster mode) the node's kubectl, from the host through its network namespace
 # Cluster mode (CLUSTER=1): a real Kubernetes node (etcd, kube-apiserver, kube-controller-manager,
 #   kube-scheduler, kubelet; see cluster.sh); `all` runs bootstrap up cluster-up agent-up cluster.
@@ -289,6 +290,13 @@ export TB='$TB' R='$R' LOGS='$LOGS' NODE_PID='$(nodepid)'
 export CRI_SOCKET='$CRI_SOCKET' NRI_SOCKET='$NRI_SOCKET' CRI_BIN='$CRI_BIN'
 # enter the node: nsenter -t \$NODE_PID -m -n; paths in CRI requests and NRI adjustments are node paths (\$R/...)
 EOF
+  if [ "$CLUSTER" = 1 ]; then
+    cat <<EOF
+# the API server listens on 127.0.0.1:6443 in the node's network namespace:
+#   nsenter -t \$NODE_PID -n -- \$K8S_BIN/kubectl get nodes
+export KUBECONFIG='$KCFG' K8S_BIN='$K8S_BIN'
+EOF
+  fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -411,7 +419,8 @@ case "${1:-}" in
   latency) scenario_latency ;;
   cri) shift; cri "$@" ;;
   env) print_env ;;
-  kubectl) shift; kc "$@" ;;
+  cluster-up) [ "$CLUSTER" = 1 ] || fail "cluster-up: cluster mode only (CLUSTER=1)"; cluster_up; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
+  kubectl) [ "$CLUSTER" = 1 ] || fail "kubectl: cluster mode only (CLUSTER=1)"; shift; kc "$@" ;;
   down) phase_down ;;
   all) phase_all ;;
   *) sed -n '2,/^set -e/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 2 ;;
