@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test of mockgpu, as CI runs them: formatting and lints; unit and integration tests (real
 # FUSE mounts, real programs under the shim, the NRI plugin against a mock runtime); then the node
-# test bed (the real containerd, runc and Slurm from Debian trixie).
-# Needs root (FUSE mounts, mount namespaces, containers); installs the Debian packages it needs.
+# test bed (the real containerd, runc and Slurm from Debian trixie, and from sid with containerd
+# 2.x); then its cluster mode (a real Kubernetes node, built from the Go module proxy) on both.
+# Needs root (FUSE mounts, mount namespaces, containers) and Go; installs the Debian packages it needs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [ "$(id -u)" != 0 ]; then
@@ -27,3 +28,11 @@ step "cargo test"
 cargo test --workspace
 step "node test bed"
 bash tests/testbed/run.sh
+step "node test bed on Debian sid (containerd 2.x)"
+SUITE=sid bash tests/testbed/run.sh
+step "Kubernetes binaries and Helm (tests/build-k8s.sh; cached)"
+bash tests/build-k8s.sh
+step "node test bed, cluster mode (trixie: containerd 1.7)"
+CLUSTER=1 bash tests/testbed/run.sh
+step "node test bed, cluster mode on Debian sid (containerd 2.x)"
+SUITE=sid CLUSTER=1 bash tests/testbed/run.sh

@@ -1,7 +1,8 @@
 #!/bin/bash
 # run.sh - CI entry point of the node test bed: host tools, cargo build, then `testbed.sh all`
 # (rootfs from nothing or reused, all scenarios, teardown). Exits non-zero when any step fails.
-# Needs root, /dev/fuse, unshare/pivot_root. Env: as testbed.sh; CARGO_TARGET_DIR (target);
+# CLUSTER=1: also the Kubernetes binaries (tests/build-k8s.sh, cached), then the cluster mode.
+# Needs root, /dev/fuse, unshare/pivot_root (and Go for CLUSTER=1). Env: as testbed.sh; CARGO_TARGET_DIR (target);
 # TESTBED_PROFILE (release: the latency numbers are the real ones; `dev` reuses a `cargo test` build).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -9,7 +10,9 @@ REPO=$(cd "$HERE/../.." && pwd)
 T0=$(date +%s)
 
 # host tools (Debian packages): rootfs bootstrap, FUSE, protoc for the CRI bindings
-bash "$REPO/tests/apt-ensure.sh" debootstrap fuse3 protobuf-compiler util-linux mount
+# (cluster mode: openssl for the PKI, curl for etcd's health)
+# shellcheck disable=SC2046 # an optional word
+bash "$REPO/tests/apt-ensure.sh" debootstrap fuse3 protobuf-compiler util-linux mount $([ "${CLUSTER:-0}" = 1 ] && echo openssl curl)
 
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 PROFILE=${TESTBED_PROFILE:-release}
@@ -18,6 +21,13 @@ echo "run.sh: cargo build --profile $PROFILE (agent with its shim, test bed) int
 tb=$(date +%s)
 (cd "$REPO" && cargo build --profile "$PROFILE" -p mockgpu-agent -p mockgpu-testbed)
 echo "TIMING cargo-build: $(( $(date +%s) - tb )) s"
+
+if [ "${CLUSTER:-0}" = 1 ] && [ -z "${K8S_BIN:-}" ]; then
+  tb=$(date +%s)
+  K8S_BIN=$(bash "$REPO/tests/build-k8s.sh" | tail -1)
+  export K8S_BIN
+  echo "TIMING k8s-binaries: $(( $(date +%s) - tb )) s ($K8S_BIN)"
+fi
 
 export CRI_BIN=${CRI_BIN:-$OUT/mgtb-cri}
 export AGENT_BIN=${AGENT_BIN:-$OUT/mockgpu-agent}

@@ -5,7 +5,7 @@
 # No Kubernetes, no registry (images are assembled here), no CNI (host-network pods).
 #
 # Usage: testbed.sh COMMAND
-#   bootstrap   debootstrap trixie + packages (reused while $TB/rootfs.key matches) + OCI images
+#   bootstrap   debootstrap $SUITE + packages (reused while $TB/rootfs.key matches) + OCI images
 #   up          mounts, node namespaces (mount + loopback-only net, pivot_root), containerd, images
 #   smoke       infrastructure proof without mockgpu: pod create/exec/teardown, a Slurm smoke test
 #               (slurmd container, hand-made GPU devices, AutoDetect=off)
@@ -16,7 +16,13 @@
 #   env         print shell exports (TB R LOGS CRI_SOCKET NRI_SOCKET NODE_PID ...)
 #   down        pods, our processes by PID, mounts, cgroups (safe to run any time)
 #   all         bootstrap up smoke agent-up scenarios latency, then down (down runs on every exit)
-# Env: TB (/var/tmp/mgtb; keep it short: AF_UNIX paths < 108 bytes), MIRROR (from apt sources),
+#   cluster-up  (cluster mode, after up) etcd, kube-apiserver, controller manager, scheduler, kubelet
+#   kubectl ARGS  (cluster mode) the node's kubectl, from the host through its network namespace
+# Cluster mode (CLUSTER=1): a real Kubernetes node (etcd, kube-apiserver, kube-controller-manager,
+#   kube-scheduler, kubelet; see cluster.sh); `all` runs bootstrap up cluster-up agent-up cluster.
+# Env: SUITE (trixie: containerd 1.7; sid: containerd 2.x), TB (/var/tmp/mgtb, /var/tmp/mgk8s-tb in
+#      cluster mode, with -sid appended for sid; keep it short: AF_UNIX paths < 108 bytes),
+#      CGROUP_PARENT (/mgtb, /mgk8s in cluster mode, -sid likewise), MIRROR (from apt sources),
 #      CRI_BIN, AGENT_BIN (built binaries, default target/release; the agent carries the shim),
 #      AGENT_ARGS (extra `serve` flags), LAT_N (20), AGENT_RESTART_PAUSE (0 s),
 #      STEPS (a subset of the `all` steps, in order).
@@ -24,7 +30,10 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-TB=${TB:-/var/tmp/mgtb}
+CLUSTER=${CLUSTER:-0}
+SUITE=${SUITE:-trixie}
+SFX=$([ "$SUITE" = trixie ] || echo "-$SUITE")   # two suites' test beds never share state or cgroups
+if [ "$CLUSTER" = 1 ]; then TB=${TB:-/var/tmp/mgk8s-tb$SFX}; else TB=${TB:-/var/tmp/mgtb$SFX}; fi
 R=$TB/rootfs
 LOGS=$TB/logs
 ST=$TB/state                       # per-run state shared between steps (ids, pids)
@@ -37,9 +46,17 @@ AGENT_ARGS=${AGENT_ARGS:-}
 LAT_N=${LAT_N:-20}
 AGENT_RESTART_PAUSE=${AGENT_RESTART_PAUSE:-0}   # seconds between SIGKILL and the new agent
 NODE=node0                         # Slurm node name == mockgpu node name
-CGROUP_PARENT=/mgtb                # every pod cgroup lives below this (see mgtb-cri --cgroup-parent)
+# every pod cgroup lives below this (mgtb-cri --cgroup-parent; the kubelet's cgroupRoot); two test
+# beds running at once need two of them, since teardown kills whatever is below it
+if [ "$CLUSTER" = 1 ]; then CGROUP_PARENT=${CGROUP_PARENT:-/mgk8s$SFX}; else CGROUP_PARENT=${CGROUP_PARENT:-/mgtb$SFX}; fi
+export MGTB_CGROUP_PARENT=$CGROUP_PARENT
 MIRROR=${MIRROR:-$( { grep -h -o -m1 -E '^(URIs:|deb) +[^ ]+' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null || true; } | head -1 | awk '{print $2}')}
 PKGS="containerd runc busybox-static slurmd slurmctld slurm-client munge pciutils hwloc"
+if [ "$CLUSTER" = 1 ]; then
+  # shellcheck source=../k8s-versions.sh
+  . "$REPO/tests/k8s-versions.sh"
+  PKGS="$PKGS $K8S_DEBIAN_PACKAGES"
+fi
 BOOTSTRAP_REV=1                    # bump when the bootstrap steps change
 ENVP=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive)
 
@@ -86,23 +103,30 @@ stop_kinds() {  # stop_kinds SIG <kind>...: signal our live processes of those k
   done
   for p in "${ps[@]}"; do for _ in $(seq 100); do ours "$p" || break; sleep 0.1; done; done
 }
-wait_for() {  # wait_for <seconds> <what> <command...>: poll every 0.1 s
-  local n=$(( $1 * 10 )) what=$2; shift 2
-  for _ in $(seq "$n"); do "$@" > /dev/null 2>&1 && return 0; sleep 0.1; done
-  echo "FAIL: timed out after $(( n / 10 )) s waiting for $what" >&2; return 1
+wait_for() {  # wait_for <seconds> <what> <command...>: poll every 0.1 s until a deadline (a slow
+  # command, such as kubectl, does not stretch the wait)
+  local s=$1 end=$(( $(date +%s) + $1 )) what=$2; shift 2
+  while :; do
+    "$@" > /dev/null 2>&1 && return 0
+    [ "$(date +%s)" -lt "$end" ] || break
+    sleep 0.1
+  done
+  echo "FAIL: timed out after $s s waiting for $what" >&2; return 1
 }
 
 # ---------------------------------------------------------------------------------------------
 # bootstrap: root file system (cached by key) and the OCI image archive
 
 rootfs_key() {
-  { echo "rev=$BOOTSTRAP_REV mirror=$MIRROR suite=trixie variant=minbase"; echo "pkgs=$PKGS"
+  { echo "rev=$BOOTSTRAP_REV mirror=$MIRROR suite=$SUITE variant=minbase"; echo "pkgs=$PKGS"
     declare -f bootstrap_rootfs; } | sha256sum | cut -c1-16
 }
 
 bootstrap_rootfs() {  # bootstrap_rootfs <dir>: debootstrap + packages, without starting any service
   local d=$1
-  debootstrap --variant=minbase trixie "$d" "$MIRROR" > "$LOGS/debootstrap.log" 2>&1 || { tail "$LOGS/debootstrap.log"; fail debootstrap; }
+  debootstrap --variant=minbase "$SUITE" "$d" "$MIRROR" > "$LOGS/debootstrap.log" 2>&1 || { tail "$LOGS/debootstrap.log"; fail debootstrap; }
+  # the mirror's sid Release file can be past its Valid-Until date
+  [ "$SUITE" = trixie ] || echo 'Acquire::Check-Valid-Until "false";' > "$d/etc/apt/apt.conf.d/99mgtb-valid-until"
   printf '#!/bin/sh\nexit 101\n' > "$d/usr/sbin/policy-rc.d"; chmod +x "$d/usr/sbin/policy-rc.d"
   # no docs/man/locales: smaller rootfs, faster slurmd image
   printf 'path-exclude=/usr/share/doc/*\npath-exclude=/usr/share/man/*\npath-exclude=/usr/share/locale/*\npath-include=/usr/share/locale/locale.alias\n' \
@@ -125,7 +149,7 @@ phase_bootstrap() {
     [ -n "$MIRROR" ] || fail "no Debian mirror in the apt sources; set MIRROR"
     ! grep -q " ${R}[/ ]" /proc/self/mountinfo || fail "$R is mounted; run 'testbed.sh down' first"
     umount_under "$TB/rootfs.new"        # an interrupted bootstrap: never rm -rf through /dev
-    log "bootstrap: debootstrap trixie from $MIRROR + $PKGS (key $key)"
+    log "bootstrap: debootstrap $SUITE from $MIRROR + $PKGS (key $key)"
     t=$(date +%s%N)
     ! grep -q " $TB/rootfs.new[/ ]" /proc/self/mountinfo || fail "$TB/rootfs.new is still mounted"
     rm -rf "$TB/rootfs.new" "$R" "$TB/images"; mkdir -p "$TB/rootfs.new"
@@ -193,18 +217,26 @@ do_mount() {
   mount --make-rshared "$R"                          # host mounts below it propagate into node + containers
   mountpoint -q "$R/proc" || mount -t proc proc "$R/proc"
   mountpoint -q "$R/sys"  || { mount --rbind /sys "$R/sys"; mount --make-rslave "$R/sys"; }
-  mountpoint -q "$R/dev"  || { mount --rbind /dev "$R/dev"; mount --make-rslave "$R/dev"; }
+  if [ "$CLUSTER" = 1 ]; then cluster_dev; else
+    mountpoint -q "$R/dev"  || { mount --rbind /dev "$R/dev"; mount --make-rslave "$R/dev"; }
+  fi
   mountpoint -q "$R/run"  || mount -t tmpfs -o mode=755 tmpfs "$R/run"
 }
 
 write_configs() {
   mkdir -p "$R/etc/containerd" "$R/etc/nri/conf.d" "$R/opt/nri/plugins" "$R/etc/slurm" "$R/etc/mockgpu"
-  cp "$HERE/node/containerd.toml" "$R/etc/containerd/config.toml"
+  # containerd 2.x reads the version-2 file too, but migrates it with a warning: it gets its own
+  local v; v=$(inchroot "$R" containerd --version | grep -oE ' v?[0-9]+\.[0-9]+' | head -1 | tr -d ' v')
+  case $v in
+    1.*) cp "$HERE/node/containerd.toml" "$R/etc/containerd/config.toml" ;;
+    *) cp "$HERE/node/containerd-v3.toml" "$R/etc/containerd/config.toml" ;;
+  esac
   # CRI copies /etc/hosts into host-network pods; Slurm resolves the host name through it.
   # 127.0.0.2: glibc's AI_ADDRCONFIG does not count 127.0.0.1 as a configured address
   printf '127.0.0.1\tlocalhost\n127.0.0.2\t%s %s\n::1\tlocalhost ip6-localhost ip6-loopback\n' "$(hostname)" "$NODE" > "$R/etc/hosts"
   hostname > "$R/etc/hostname"
   : > "$R/etc/resolv.conf"                                   # nothing to resolve: no DNS from the node
+  if [ "$CLUSTER" = 1 ]; then cluster_configs; fi
 }
 
 start_containerd() {
@@ -229,11 +261,14 @@ phase_up() {
   log "up: node namespaces (mount: pivot_root into $R; network: loopback only)"
   # the holder keeps both namespaces alive across containerd restarts; it is PID 'node' in $PIDS
   setsid unshare --mount --net --propagation slave --fork -- /bin/bash -c '
-    set -e; cd "$0"; pivot_root . .oldroot; cd /; umount -l /.oldroot
+    set -e; cd "$0"; pivot_root . .oldroot; cd /
+    eval "$1"
+    umount -l /.oldroot
     mount --make-rshared /
     busybox ip link set lo up; busybox ip addr add 127.0.0.2/8 dev lo
+    eval "$2"
     echo $$ > /run/node.pid
-    exec sleep infinity' "$R" > "$LOGS/node.log" 2>&1 < /dev/null 9>&- &
+    exec sleep infinity' "$R" "${NODE_PIVOT_HOOK:-}" "${NODE_NET_HOOK:-}" > "$LOGS/node.log" 2>&1 < /dev/null 9>&- &
   track unshare $!
   wait_for 10 "node namespace" test -s "$R/run/node.pid"
   cp "$R/run/node.pid" "$ST/node.pid"; track node "$(nodepid)"
@@ -255,6 +290,13 @@ export TB='$TB' R='$R' LOGS='$LOGS' NODE_PID='$(nodepid)'
 export CRI_SOCKET='$CRI_SOCKET' NRI_SOCKET='$NRI_SOCKET' CRI_BIN='$CRI_BIN'
 # enter the node: nsenter -t \$NODE_PID -m -n; paths in CRI requests and NRI adjustments are node paths (\$R/...)
 EOF
+  if [ "$CLUSTER" = 1 ]; then
+    cat <<EOF
+# the API server listens on 127.0.0.1:6443 in the node's network namespace:
+#   nsenter -t \$NODE_PID -n -- \$K8S_BIN/kubectl get nodes
+export KUBECONFIG='$KCFG' K8S_BIN='$K8S_BIN'
+EOF
+  fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -263,6 +305,7 @@ EOF
 phase_down() {
   set +e; trap - ERR
   log "down"
+  if [ "$CLUSTER" = 1 ]; then cluster_down; fi
   if [ -S "$CRI_SOCKET" ] && [ -x "$CRI_BIN" ]; then timeout 60 "$CRI_BIN" --socket "$CRI_SOCKET" down > /dev/null 2>&1; fi
   stop_kinds TERM agent munged slurmctld
   stop_kinds TERM containerd
@@ -305,6 +348,8 @@ leftovers() {  # what teardown left behind, in words ("nothing left" when clean)
 
 # shellcheck source=scenarios.sh
 . "$HERE/scenarios.sh"
+# shellcheck source=cluster.sh
+if [ "$CLUSTER" = 1 ]; then . "$HERE/cluster.sh"; fi
 
 teardown_clean() {  # the teardown itself, as a step: it must leave nothing behind
   phase_down
@@ -331,6 +376,7 @@ step() {  # step <name> <function>: run in a subshell (its `fail` ends only the 
 
 phase_all() {
   local s steps=${STEPS:-bootstrap up smoke agent-up scenarios latency}
+  [ "$CLUSTER" = 1 ] && steps=${STEPS:-bootstrap up cluster-up agent-up cluster}
   exec 9> "$TB/lock"
   flock -n 9 || fail "another test bed run holds $TB/lock"
   : > "$LOGS/summary.txt"; : > "$LOGS/timings.txt"
@@ -347,10 +393,12 @@ phase_all() {
       agent-up) step agent-up agent_up ;;
       scenarios) run_scenarios ;;
       latency) step nri-latency scenario_latency ;;
+      cluster-up) cluster_up ;;
+      cluster) run_cluster_scenarios ;;
       *) fail "unknown step $s" ;;
     esac
     # without a node there is nothing to test
-    if [ $FAILED -gt 0 ] && [[ " ${FAILED_NAMES[*]} " =~ \ (bootstrap|up)\  ]]; then break; fi
+    if [ $FAILED -gt 0 ] && [[ " ${FAILED_NAMES[*]} " =~ \ (bootstrap|up|control-plane|kubelet)\  ]]; then break; fi
   done
   if [ -n "$(nodepid)" ]; then step isolation isolation; fi
   step teardown teardown_clean
@@ -371,6 +419,8 @@ case "${1:-}" in
   latency) scenario_latency ;;
   cri) shift; cri "$@" ;;
   env) print_env ;;
+  cluster-up) [ "$CLUSTER" = 1 ] || fail "cluster-up: cluster mode only (CLUSTER=1)"; cluster_up; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
+  kubectl) [ "$CLUSTER" = 1 ] || fail "kubectl: cluster mode only (CLUSTER=1)"; shift; kc "$@" ;;
   down) phase_down ;;
   all) phase_all ;;
   *) sed -n '2,/^set -e/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 2 ;;

@@ -122,7 +122,7 @@ struct Shape {
     #[arg(long, value_parser = spec::parse_kv)]
     pod_annotation: Vec<(String, String)>,
     /// Cgroup parent of every pod (cgroupfs)
-    #[arg(long, default_value = "/mgtb")]
+    #[arg(long, env = "MGTB_CGROUP_PARENT", default_value = "/mgtb")]
     cgroup_parent: String,
 }
 
