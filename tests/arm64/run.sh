@@ -75,7 +75,8 @@ binfmt_line() {
 # with its own mount and PID namespaces and its own binfmt_misc instance (kernel >= 6.7), in which
 # aarch64 programs run under qemu-aarch64, also after execve. Nothing of it is visible to the host.
 userns() {
-  local go pid me
+  local go pid me k; k=$(uname -r | awk -F. '{ print $1 * 1000 + $2 }')
+  [ "$k" -ge 6007 ] || fail "Linux $(uname -r): a binfmt_misc instance of a user namespace needs Linux 6.7 or later"
   go=$(mktemp -u "$A64/go.XXXXXX"); mkfifo "$go"
   me=$(readlink /proc/self/ns/user)
   A64=$A64 BINFMT=$(binfmt_line) unshare --user --mount --pid --fork --kill-child --propagation private -- /bin/bash -c '
