@@ -2,7 +2,7 @@
 # run.sh - mockgpu for aarch64 (issue 14): cross build with Debian's own Rust, then every aarch64
 # test binary under qemu-user inside a Debian arm64 root.
 #
-# Usage: run.sh [COMMAND...]   (default: roots build test)
+# Usage: run.sh [COMMAND]   (default: all = roots, build, test)
 #   roots   the two Debian trixie roots, each reused while its key (package list, steps) matches:
 #           $A64/build  amd64: rustc-web/cargo-web, libstd-rust-web-dev:arm64, the aarch64 GNU
 #                       toolchain, qemu-user-static
