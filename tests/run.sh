@@ -18,12 +18,16 @@ bash tests/apt-ensure.sh fuse3 pciutils hwloc python3 gcc binutils util-linux de
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+step "rust-version covers every locked package"
+bash tests/rust-version.sh
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo build (debug)"
 cargo build --workspace
 step "cargo build --release"
 cargo build --workspace --release
+step "the files the images copy (x86_64)"
+bash tests/images.sh "${CARGO_TARGET_DIR:-target}/release" x86_64
 step "cargo test"
 cargo test --workspace
 step "node test bed"

@@ -189,3 +189,13 @@ fn the_version_check_sees_newer_versions() {
         .unwrap();
     assert!(newest > vec![2, 17], "{newest:?}");
 }
+
+/// The library is one for the machine these tests run on (the same ELF `e_machine` as this test
+/// binary): a cross test run never tests a host library.
+#[test]
+fn is_built_for_the_target_under_test() {
+    let machine = |elf: &[u8]| u16_at(elf, 0x12);
+    let shim = std::fs::read(common::shim()).unwrap();
+    let this = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    assert_eq!(machine(&shim), machine(&this), "{}", common::TARGET);
+}

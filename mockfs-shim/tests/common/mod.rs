@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+/// The target triple these tests were built for (from build.rs): the library under test is built
+/// for it, so that an aarch64 test run tests an aarch64 `libmockfs.so`.
+pub const TARGET: &str = env!("MOCKFS_SHIM_TARGET");
+
 /// The release `libmockfs.so`, built once per test binary. Cargo does not build a cdylib for
 /// integration tests, so the tests build it themselves, into their own target directory (the
 /// one running the tests stays locked by the outer `cargo test`).
@@ -19,21 +23,27 @@ pub fn shim() -> PathBuf {
     .clone()
 }
 
-/// `cargo build ARGS` into the tests' own target directory, which it returns.
+/// `cargo build --target TARGET ARGS` into the tests' own target directory; returns that
+/// directory's folder for TARGET (which holds `release/` and `debug/`). `$CARGO` names the cargo
+/// to run (under emulation: one outside the emulated root).
 pub fn cargo_build(args: &[&str]) -> PathBuf {
-    // <target>/<profile>/deps/<test binary>
+    // <target>/[<triple>/]<profile>/deps/<test binary>
     let exe = std::env::current_exe().unwrap();
     let target = exe.ancestors().nth(3).unwrap().join("mockfs-shim-tests");
     let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .arg("build")
+        .args(["--target", TARGET])
         .args(args)
         .arg("--manifest-path")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
         .env("CARGO_TARGET_DIR", &target)
         .status()
         .unwrap();
-    assert!(status.success(), "cargo build {args:?} failed");
-    target
+    assert!(
+        status.success(),
+        "cargo build --target {TARGET} {args:?} failed"
+    );
+    target.join(TARGET)
 }
 
 /// The Python interpreter used for probes (the distribution's, not a wrapper script).
