@@ -1,5 +1,5 @@
 #!/bin/bash
-# run.sh - mockgpu for aarch64 (issue 14): cross build with Debian's own Rust, then every aarch64
+# run.sh - mockgpu for aarch64: cross build with Debian's own Rust, then every aarch64
 # test binary under qemu-user inside a Debian arm64 root.
 #
 # Usage: run.sh [COMMAND]   (default: all = roots, build, test)

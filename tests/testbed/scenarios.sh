@@ -287,7 +287,7 @@ scenario_seed() {
   [ "$(echo "$s" | grep -cE '^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$')" = 4 ] || fail "the job does not see 4 GPUs"
 }
 
-scenario_exec_slurmd() {  # issue 3: `mockgpu-agent exec` runs slurmd on the node itself, under the shim
+scenario_exec_slurmd() {  # `mockgpu-agent exec` runs slurmd on the node itself, under the shim
   [ -S "$R/run/munge/munge.socket.2" ] || fail "needs munged of seed-verification"
   local agent=/opt/mockgpu/mockgpu-agent c g i
   c=$(innode "$agent" exec --node-name "$NODE" -- slurmd -C) || fail "exec -- slurmd -C"

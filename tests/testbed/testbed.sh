@@ -1,5 +1,5 @@
 #!/bin/bash
-# testbed.sh - the mockgpu node test bed (issue 5): a Debian trixie root file system with the real
+# testbed.sh - the mockgpu node test bed: a Debian trixie root file system with the real
 # containerd 1.7 (NRI on), runc and Slurm 24.11, containers created through CRI by `mgtb-cri`
 # (tests/testbed/src), mockgpu-agent serving /run/mockgpu and its NRI plugin on the node's socket.
 # No Kubernetes, no registry (images are assembled here), no CNI (host-network pods).
@@ -10,7 +10,7 @@
 #   smoke       infrastructure proof without mockgpu: pod create/exec/teardown, a Slurm smoke test
 #               (slurmd container, hand-made GPU devices, AutoDetect=off)
 #   agent-up    start mockgpu-agent serve inside the node (FUSE at /run/mockgpu/fs, NRI plugin)
-#   scenarios   the issue-5 scenarios against the agent (needs agent-up)
+#   scenarios   the node scenarios against the agent (needs agent-up)
 #   latency     CRI CreateContainer latency with the plugin and without it
 #   cri ARGS    run `mgtb-cri ARGS` against the node (e.g. `testbed.sh cri ps`)
 #   env         print shell exports (TB R LOGS CRI_SOCKET NRI_SOCKET NODE_PID ...)
