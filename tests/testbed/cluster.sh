@@ -16,6 +16,10 @@ SVC_IP=203.0.113.1                 # the `kubernetes` service
 KN=/etc/kubernetes                 # node path of the PKI, kubeconfigs and kubelet config
 KCFG=$R$KN/admin.kubeconfig        # host path of the admin kubeconfig
 GPU_NS=gpu-jobs                    # a namespace the agent does not trust (--trusted-namespaces default)
+DP_NS=dp-jobs                      # the device plugin's pods: untrusted as well
+RES=nvidia.com/gpu                 # the resource the agent's device plugin serves
+# the agent serves the device plugin to the node's kubelet (its --root-dir)
+AGENT_ARGS="--device-plugin --kubelet-dir /var/lib/kubelet${AGENT_ARGS:+ $AGENT_ARGS}"
 
 # kubectl from the host, in the node's network namespace only (the API server listens on its
 # loopback)
@@ -205,6 +209,11 @@ control_plane_up() {
 
 node_registered() { kc get node "$NODE" > /dev/null; }
 
+spawn_kubelet() {
+  spawn kubelet "$LOGS/kubelet.log" /opt/k8s/kubelet --config=$KN/kubelet.yaml --kubeconfig=$KN/kubelet.kubeconfig \
+    --hostname-override="$NODE" --node-ip="$NODE_IP" --root-dir=/var/lib/kubelet -v=2
+}
+
 kubelet_up() {
   local t t0 P=$KN/pki; t=$(date +%s%N); t0=$t
   spawn kube-controller-manager "$LOGS/kube-controller-manager.log" /opt/k8s/kube-controller-manager \
@@ -217,8 +226,7 @@ kubelet_up() {
     --authentication-kubeconfig=$KN/scheduler.kubeconfig --authorization-kubeconfig=$KN/scheduler.kubeconfig \
     --bind-address=127.0.0.1 --leader-elect=false --profiling=false -v=1
   cgroup_root_ready
-  spawn kubelet "$LOGS/kubelet.log" /opt/k8s/kubelet --config=$KN/kubelet.yaml --kubeconfig=$KN/kubelet.kubeconfig \
-    --hostname-override="$NODE" --node-ip="$NODE_IP" --root-dir=/var/lib/kubelet -v=2
+  spawn_kubelet
   wait_for 120 "node $NODE registered" node_registered || { grep -E '^E|rror' "$LOGS/kubelet.log" | tail -20; exit 1; }
   timing node-registered "$(ms "$t") ms"
 }
@@ -441,6 +449,122 @@ scenario_helm() {  # Helm installs and removes a chart against the real API serv
   ! kc get configmap probe-probe > /dev/null 2>&1 || fail "helm uninstall left the ConfigMap"
 }
 
+# ---------------------------------------------------------------------------------------------
+# the agent's device plugin against the real kubelet
+
+allocatable() { kc get node "$NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}'; }
+allocatable_is() { [ "$(allocatable)" = "$1" ]; }
+# log_since <file> <line count before> <pattern>: the pattern in the lines written since
+log_since() { tail -n +"$(( $2 + 1 ))" "$1" | grep -q -- "$3"; }
+
+scenario_dp_registered() {  # --device-plugin registers; the node advertises the 4 GPUs
+  local t; t=$(date +%s%N)
+  wait_for 60 "allocatable $RES = 4" allocatable_is 4 \
+    || { grep -i 'device plugin\|kubelet' "$LOGS/agent.log" | tail -10; fail "allocatable $RES is '$(allocatable)', want 4"; }
+  timing dp-allocatable "$(ms "$t") ms after node-ready"
+  grep -q 'registered with the kubelet' "$LOGS/agent.log" || fail "the agent logged no registration"
+  grep -q "Got registration request from device plugin with resource.*$RES" "$LOGS/kubelet.log" \
+    || fail "the kubelet logged no registration request for $RES"
+  echo "  allocatable $RES: $(allocatable), capacity $(kc get node "$NODE" -o jsonpath='{.status.capacity.nvidia\.com/gpu}')"
+}
+
+dp_pod() {  # dp_pod <name> <GPUs> [namespace]: a pod (in $DP_NS) with limits nvidia.com/gpu: <GPUs>
+  kc apply -f - > /dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: ${3:-$DP_NS}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: localhost/slurmd:1
+    imagePullPolicy: Never
+    command: ["/bin/sleep", "infinity"]
+    resources: {limits: {$RES: "$2"}}
+EOF
+}
+
+dp_ns() { kc create namespace "$1" > /dev/null; wait_for 60 "the default service account in $1" kc -n "$1" get serviceaccount default; }
+
+scenario_dp_pod() {  # 2 GPUs from the kubelet: 2 device nodes, their UUIDs, the NRI injection
+  dp_ns "$DP_NS"
+  dp_pod gpu-2 2
+  local t; t=$(date +%s%N)
+  kc -n "$DP_NS" wait --for=condition=Ready pod/gpu-2 --timeout=120s > /dev/null \
+    || { kc -n "$DP_NS" describe pod gpu-2 | tail -20; exit 1; }
+  timing dp-pod-ready "$(ms "$t") ms"
+  local devs minors vis uuids gpus want
+  devs=$(kc -n "$DP_NS" exec gpu-2 -- ls /dev | grep -E '^nvidia[0-9]+$' | sort -V | tr '\n' ' ')
+  [ "$(wc -w <<< "$devs")" = 2 ] || fail "want two /dev/nvidia<N> in the pod, got: $devs"
+  minors=$(sed 's/nvidia//g' <<< "$devs")
+  vis=$(kc -n "$DP_NS" exec gpu-2 -- sh -c 'echo "$NVIDIA_VISIBLE_DEVICES"')
+  uuids=$(tr ',' '\n' <<< "$vis" | grep -cE '^GPU-[0-9a-f-]{36}$' || true)
+  [ "$uuids" = 2 ] && [ "$(tr ',' '\n' <<< "$vis" | wc -l)" = 2 ] || fail "NVIDIA_VISIBLE_DEVICES='$vis', want two GPU UUIDs"
+  # the UUIDs are those of the allocated minors in the agent's tree
+  local m u; for m in $minors; do
+    u=$(innode sh -c "grep -l '^Device Minor:[[:space:]]*$m\$' $MOCK/proc/driver/nvidia/gpus/*/information | xargs grep -h '^GPU UUID:'" | awk '{print $3}')
+    [[ ,$vis, == *",$u,"* ]] || fail "/dev/nvidia$m is GPU $u, not in NVIDIA_VISIBLE_DEVICES=$vis"
+  done
+  grep -q 'GPUs allocated to a container' "$LOGS/agent.log" || fail "the agent logged no allocation"
+  pod_ctr k8s-dp "$DP_NS" gpu-2
+  # shellcheck disable=SC2086 # the minors, one word each
+  assert_injected k8s-dp "$(echo $minors)"
+  gpus=$(kc -n "$DP_NS" exec gpu-2 -- ls /proc/driver/nvidia/gpus | tr '\n' ' ')
+  want=$(innode ls "$MOCK/proc/driver/nvidia/gpus" | tr '\n' ' ')
+  [ -n "$want" ] && [ "$gpus" = "$want" ] || fail "ls /proc/driver/nvidia/gpus in the pod: '$gpus', the node's: '$want'"
+  echo "  devices: $devs; NVIDIA_VISIBLE_DEVICES=$vis; injected; /proc/driver/nvidia/gpus: $gpus"
+}
+
+unschedulable_reason() {
+  kc -n "$DP_NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].reason} {.status.conditions[?(@.type=="PodScheduled")].message}'
+}
+pod_unschedulable() { [[ $(unschedulable_reason "$1") == "Unschedulable "*"Insufficient $RES"* ]]; }
+
+scenario_dp_too_many() {  # 5 GPUs on a node of 4: Pending, with the scheduler's reason
+  dp_pod gpu-5 5
+  wait_for 60 "gpu-5 unschedulable (Insufficient $RES)" pod_unschedulable gpu-5 \
+    || fail "gpu-5: PodScheduled is '$(unschedulable_reason gpu-5)', want Unschedulable ... Insufficient $RES"
+  local phase; phase=$(kc -n "$DP_NS" get pod gpu-5 -o jsonpath='{.status.phase}')
+  [ "$phase" = Pending ] || fail "gpu-5 is $phase, want Pending"
+  echo "  gpu-5: $phase, $(unschedulable_reason gpu-5)"
+  kc delete namespace "$DP_NS" --wait=false > /dev/null
+}
+
+scenario_dp_failed_gpu() {  # failed_gpus: [3] in the profile: allocatable 3, live; restored: 4
+  write_profile 4 'failed_gpus: [3]'
+  local t; t=$(date +%s%N)
+  wait_for 30 "allocatable $RES = 3" allocatable_is 3 || fail "allocatable $RES is '$(allocatable)' 30 s after failed_gpus: [3], want 3"
+  timing dp-failed-gpu "$(ms "$t") ms to allocatable 3"
+  local cap; cap=$(kc get node "$NODE" -o jsonpath='{.status.capacity.nvidia\.com/gpu}')
+  [ "$cap" = 4 ] || fail "capacity $RES is '$cap', want 4 (the failed GPU stays listed)"
+  write_profile 4; t=$(date +%s%N)
+  wait_for 30 "allocatable $RES = 4" allocatable_is 4 || fail "allocatable $RES is '$(allocatable)' after the GPU came back, want 4"
+  timing dp-gpu-back "$(ms "$t") ms to allocatable 4"
+  echo "  failed_gpus: [3] -> allocatable 3 (capacity $cap); back -> $(allocatable)"
+}
+
+scenario_dp_kubelet_restart() {  # a restarted kubelet: the plugin registers again and allocates
+  local na nk t; na=$(wc -l < "$LOGS/agent.log"); nk=$(wc -l < "$LOGS/kubelet.log")
+  t=$(date +%s%N); stop_kinds TERM kubelet
+  timing dp-kubelet-stopped "$(ms "$t") ms"
+  t=$(date +%s%N); spawn_kubelet
+  wait_for 60 "the agent registers again" log_since "$LOGS/agent.log" "$na" 'registered with the kubelet' \
+    || { tail -n +"$(( na + 1 ))" "$LOGS/agent.log" | tail -10; fail "the agent did not register again after the kubelet restart"; }
+  timing dp-reregistered "$(ms "$t") ms after the kubelet restart"
+  log_since "$LOGS/kubelet.log" "$nk" "Got registration request from device plugin with resource.*$RES" \
+    || fail "the restarted kubelet logged no registration request for $RES"
+  wait_for 60 "allocatable $RES = 4" allocatable_is 4 || fail "allocatable $RES is '$(allocatable)' after the kubelet restart, want 4"
+  wait_for 120 "node $NODE Ready" node_ready || fail "the node is not Ready after the kubelet restart"
+  # only a registered plugin's devices are allocated: a new pod with a GPU runs
+  local ns=$DP_NS-restart; dp_ns "$ns"; dp_pod gpu-1 1 "$ns"; t=$(date +%s%N)
+  kc -n "$ns" wait --for=condition=Ready pod/gpu-1 --timeout=120s > /dev/null \
+    || { kc -n "$ns" describe pod gpu-1 | tail -20; fail "a pod with 1 GPU did not start after the kubelet restart"; }
+  timing dp-pod-after-restart "$(ms "$t") ms"
+  kc delete namespace "$ns" --wait=false > /dev/null
+  echo "  re-registered: $(tail -n +"$(( na + 1 ))" "$LOGS/agent.log" | grep -m1 'registered with the kubelet' | sed 's/^.*INFO //')"
+  echo "  allocatable $RES after the restart: $(allocatable)"
+}
+
 run_cluster_scenarios() {
   step node-ready scenario_node_ready
   step pod-daemonset-exec scenario_workloads
@@ -448,6 +572,11 @@ run_cluster_scenarios() {
   step helm scenario_helm
   step device-plugin-socket scenario_device_plugin_socket
   step gpu-pod-injected scenario_gpu_pod
+  step dp-registered scenario_dp_registered
+  step dp-pod-2-gpus scenario_dp_pod
+  step dp-pod-5-pending scenario_dp_too_many
+  step dp-failed-gpu scenario_dp_failed_gpu
+  step dp-kubelet-restart scenario_dp_kubelet_restart
 }
 
 cluster_down() {  # (phase_down, first) the kubelet before the runtime, so that it restarts nothing

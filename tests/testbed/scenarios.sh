@@ -216,8 +216,8 @@ profile_yaml() {  # profile_yaml <gpus>: the agent's --profile-file (a built-in 
   printf '# test bed profile\nbase: %s\ngpus: %s\n' "$GPU_PROFILE" "$1"
 }
 
-write_profile() {  # write_profile <gpus>: atomically, so the agent never reads half a file
-  profile_yaml "$1" > "$R/etc/mockgpu/profile.yaml.tmp"
+write_profile() {  # write_profile <gpus> [YAML line]: atomically, so the agent never reads half a file
+  { profile_yaml "$1"; [ -z "${2:-}" ] || echo "$2"; } > "$R/etc/mockgpu/profile.yaml.tmp"
   mv -f "$R/etc/mockgpu/profile.yaml.tmp" "$R/etc/mockgpu/profile.yaml"
 }
 
