@@ -11,6 +11,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/k8s-versions.sh"
 CACHE=${MGK8S_CACHE:-/var/tmp/mgk8s}
+# Go's own installer puts it in /usr/local/go, which a non-login shell may not have on PATH.
+command -v go > /dev/null || [ ! -x /usr/local/go/bin/go ] || PATH=/usr/local/go/bin:$PATH
 command -v go > /dev/null || { echo "build-k8s.sh: no \`go\` on PATH (Go 1.25 or later is needed)" >&2; exit 1; }
 GOV=$(go env GOVERSION)
 KEY=k8s-$K8S_VERSION-helm-$HELM_VERSION-$GOV
