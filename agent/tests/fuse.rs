@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mockgpu_agent::render::driver_tree;
 use mockgpu_agent::tree::Tree;
@@ -188,16 +188,8 @@ fn mount_options(path: &Path) -> String {
 }
 
 /// Waits up to 5 s for `cond`, checking every 20 ms.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "timed out: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    start.elapsed()
+fn wait_for(what: &str, cond: impl FnMut() -> bool) -> Duration {
+    common::wait_within(Duration::from_secs(5), what, cond)
 }
 
 fn names(dir: &Path) -> Vec<String> {

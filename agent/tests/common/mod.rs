@@ -131,13 +131,20 @@ pub fn in_private_namespace<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 }
 
 /// Waits until `cond` holds, for at most 15 seconds.
-pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    wait_within(std::time::Duration::from_secs(15), what, cond);
+}
+
+/// Polls `cond` until it holds, failing the test after `limit`; returns how long it took.
+pub fn wait_within(
+    limit: std::time::Duration,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+) -> std::time::Duration {
     let start = std::time::Instant::now();
     while !cond() {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(15),
-            "timed out waiting for {what}"
-        );
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    start.elapsed()
 }
