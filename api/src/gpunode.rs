@@ -134,6 +134,10 @@ pub struct GpuNodeStatus {
     /// When the agent last reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat: Option<Time>,
+    /// When the agent first reported the current `spec.topologyHash` (a slurmd started before
+    /// then registered other GPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_since: Option<Time>,
     /// GPUs held by containers (distinct UUIDs in `pinning`).
     #[serde(default)]
     pub held_gpus: u32,
