@@ -449,6 +449,30 @@ scenario_helm() {  # Helm installs and removes a chart against the real API serv
   ! kc get configmap probe-probe > /dev/null 2>&1 || fail "helm uninstall left the ConfigMap"
 }
 
+# every value set of tests/chart.sh (the defaults and charts/mockgpu/ci/*-values.yaml) rendered
+# with the CRDs and applied with --dry-run=server: the real API server validates each object (its
+# schema, unknown fields, the admission policy's CEL) and keeps none
+scenario_chart_dry_run() {
+  local f name out want got
+  kc create namespace mockgpu-system > /dev/null
+  for f in default "$REPO"/charts/mockgpu/ci/*-values.yaml; do
+    name=$(basename "$f" -values.yaml)
+    if [ "$f" = default ]; then set --; else set -- -f "$f"; fi
+    hc template mg "$REPO/charts/mockgpu" --namespace mockgpu-system --include-crds "$@" > "$ST/chart-$name.yaml"
+    want=$(grep -c '^kind:' "$ST/chart-$name.yaml")
+    out=$(kc apply --dry-run=server -f "$ST/chart-$name.yaml" 2>&1) || fail "chart values $name: the API server rejects: $out"
+    got=$(grep -c ' (server dry run)$' <<< "$out" || true)
+    [ "$got" = "$want" ] || fail "chart values $name: $got of $want objects accepted: $out"
+    grep -qx 'customresourcedefinition.apiextensions.k8s.io/gpunodes.mockgpu.io created (server dry run)' <<< "$out" \
+      || fail "chart values $name: no GpuNode CRD among: $out"
+    grep -qx 'validatingadmissionpolicy.admissionregistration.k8s.io/mg-mockgpu-agent-own-gpunode created (server dry run)' <<< "$out" \
+      || fail "chart values $name: no admission policy among: $out"
+    echo "  $name: $got objects accepted"
+  done
+  ! kc get crd gpunodes.mockgpu.io > /dev/null 2>&1 || fail "a dry run left the GpuNode CRD behind"
+  kc delete namespace mockgpu-system --wait=false > /dev/null
+}
+
 # ---------------------------------------------------------------------------------------------
 # the agent's device plugin against the real kubelet
 
@@ -570,6 +594,7 @@ run_cluster_scenarios() {
   step pod-daemonset-exec scenario_workloads
   step crd-admission-policy scenario_policy
   step helm scenario_helm
+  step chart-dry-run scenario_chart_dry_run
   step device-plugin-socket scenario_device_plugin_socket
   step gpu-pod-injected scenario_gpu_pod
   step dp-registered scenario_dp_registered
