@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # chart-docs.sh [--check]: writes docs/configuration.md, the chart's configuration reference, from
 # charts/mockgpu/values.schema.json (keys, types, descriptions) and values.yaml (defaults), with
-# jq and yq (Debian). --check writes nothing and fails when the committed file differs.
+# jq and python3-yaml (Debian). --check writes nothing and fails when the committed file differs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 C=charts/mockgpu OUT=docs/configuration.md
@@ -48,7 +48,7 @@ def rows($key; $vp): resolve as $s
   rows($top; [$top]))
 '
 
-gen() { yq . "$C/values.yaml" | jq -r --slurpfile s "$C/values.schema.json" '. as $values | $s[0] as $schema | '"$PROG"; }
+gen() { python3 -c 'import json, sys, yaml; print(json.dumps(yaml.safe_load(sys.stdin)))' < "$C/values.yaml" | jq -r --slurpfile s "$C/values.schema.json" '. as $values | $s[0] as $schema | '"$PROG"; }
 
 if [ "${1:-}" = --check ]; then
   if ! diff -u "$OUT" <(gen) > /dev/null; then

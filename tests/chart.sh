@@ -7,7 +7,7 @@
 # applies the same value sets to the real API server (`chart-dry-run`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash tests/apt-ensure.sh jq yq
+bash tests/apt-ensure.sh jq python3 python3-yaml
 K8S_BIN=${K8S_BIN:-$(bash tests/build-k8s.sh --print-dir)}
 HELM=${HELM:-$K8S_BIN/helm}
 [ -x "$HELM" ] || { echo "chart.sh: no helm at $HELM (run tests/build-k8s.sh)" >&2; exit 1; }
@@ -39,12 +39,20 @@ want() {
   fi
 }
 
+# YAML documents to a JSON array, read as YAML 1.1 (PyYAML) like the API server's decoder, so
+# that an unquoted `off` or `yes` is the boolean Kubernetes would see
+yaml2json() {
+  python3 -c 'import json, sys, yaml; print(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d is not None], default=str))'
+}
+
 # render <name> [helm args]: helm template into $T/<name>.json (an array of objects)
 render() {
   local name=$1; shift
   "$HELM" lint --strict "$C" "$@" > "$T/lint" || { cat "$T/lint" >&2; echo "chart.sh: helm lint --strict ($name) failed" >&2; exit 1; }
   "$HELM" template "$REL" "$C" --namespace "$NS" "$@" > "$T/$name.yaml"
-  yq -s 'map(select(. != null))' "$T/$name.yaml" > "$T/$name.json"
+  yaml2json < "$T/$name.yaml" > "$T/$name.json"
+  want "$T/$name.json" "every env value a string (as the API server decodes it)" \
+    '[.. | objects | select(has("env")) | .env[] | select(has("value")) | .value | type == "string"] | all'
   echo "chart.sh: $name: $(jq -r 'map(.kind) | group_by(.) | map("\(length) \(.[0])") | join(", ")' "$T/$name.json")"
 }
 
@@ -187,6 +195,15 @@ want "$P" "two pools: two DaemonSets with their own selectors and profiles" \
    and (kinds("ConfigMap") | length) == 1'
 want "$P" "two pools: the doctor runs on the first pool" \
   'obj("Pod"; "'$F'-doctor").spec.nodeSelector == {"mockgpu.io/enabled": "true", pool: "gb300"}'
+
+# NOTES.txt (rendered by an install's client-side dry run): what to check next, per pool
+n=$((n + 1))
+notes=$(HELM_CACHE_HOME=$T/helm HELM_CONFIG_HOME=$T/helm HELM_DATA_HOME=$T/helm \
+  "$HELM" install "$REL" "$C" --namespace "$NS" --dry-run=client -f "$V/two-pools-values.yaml" | sed -n '/^NOTES:/,$p')
+for line in "rollout status daemonset/$F-agent-gb300" "rollout status daemonset/$F-agent-h100" "kubectl get gpunodes" \
+  "helm test $REL -n $NS --logs" "-c agent -- mockgpu-agent doctor"; do
+  grep -qF -- "$line" <<< "$notes" || { echo "chart.sh: NOTES.txt lacks '$line': $notes" >&2; bad=$((bad + 1)); }
+done
 
 # --- invalid values: rejected, and the error says where and why
 # reject <what> <fragment of the error> <helm args>...

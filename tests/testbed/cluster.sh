@@ -455,6 +455,8 @@ scenario_helm() {  # Helm installs and removes a chart against the real API serv
 scenario_chart_dry_run() {
   local f name out want got
   kc create namespace mockgpu-system > /dev/null
+  # (the helm test pod runs as the namespace's default service account, which must exist)
+  wait_for 60 "the default service account in mockgpu-system" kc -n mockgpu-system get serviceaccount default
   for f in default "$REPO"/charts/mockgpu/ci/*-values.yaml; do
     name=$(basename "$f" -values.yaml)
     if [ "$f" = default ]; then set --; else set -- -f "$f"; fi
