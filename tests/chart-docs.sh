@@ -19,7 +19,8 @@ def typ: if has("enum") then "one of " + (.enum | map("`\(.)`") | join(", "))
   + (if .type == "string" and has("pattern") then " matching `\(.pattern)`" else "" end);
 # rows(path shown; path in the values, or null inside a list)
 def rows($key; $vp): resolve as $s
-  | if ($s.properties? // null) != null then
+  # an object is a row of its own and its keys rows below it, unless its default is empty ({})
+  | if ($s.properties? // null) != null and ($vp == null or ($values | getpath($vp)) != {}) then
       (if $vp != null and ($vp | length) == 1 then empty
        else "| `\($key)` | object |  | \($s.description // "" | cell) |" end),
       ($s.properties | to_entries[] | .key as $k | .value | rows("\($key).\($k)"; if $vp == null then null else $vp + [$k] end))
