@@ -1,11 +1,12 @@
 //! The shared vocabulary of mockgpu: GPU profiles, the host's layout and the node's mock GPUs.
 //!
-//! Pure data and validation; no I/O. The agent, the NRI plugin and (later) the controller
-//! depend on this crate, never the other way round.
+//! Pure data and validation; no I/O. The agent, the NRI plugin and the controller depend on
+//! this crate, never the other way round.
 
 mod busid;
 mod cpuset;
 pub mod devices;
+pub mod gpunode;
 pub mod information;
 pub mod layout;
 pub mod profile;
@@ -14,6 +15,7 @@ pub mod topology;
 pub use busid::{BusId, BusIdError};
 pub use cpuset::{CpuListError, CpuSet, MAX_CPUS};
 pub use devices::{DeviceNode, DeviceNumbers, DevicesError, ProcDevices};
+pub use gpunode::{GpuNode, GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Mode, Pinning};
 pub use information::{Information, InformationError};
 pub use layout::{Layout, LayoutError};
 pub use profile::{Arch, DriverVersion, Profile, ProfileError, ProfileSpec};

@@ -252,7 +252,7 @@ fn free_bus(wanted: BusId, host: &HostTopology, taken: &[BusId]) -> Option<BusId
 }
 
 /// 128-bit FNV-1a.
-fn fnv1a128(bytes: &[u8]) -> u128 {
+pub(crate) fn fnv1a128(bytes: &[u8]) -> u128 {
     const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
     const PRIME: u128 = 0x0000000001000000000000000000013B;
     bytes

@@ -12,7 +12,8 @@
 #           the files images/ copies are there and are aarch64 programs (tests/images.sh)
 #   test    every aarch64 test binary inside the arm64 root under qemu-user (a few tests left out:
 #           see EMULATION_SKIP), then `mockgpu-agent exec` as a user runs it; non-zero when any fails
-# Env: A64 (/var/tmp/mgarm64), MIRROR (from the apt sources).
+# Env: A64 (/var/tmp/mgarm64), A64_TARGET (the aarch64 target directory, $A64/target), MIRROR
+#      (from the apt sources).
 # Needs root and a kernel >= 6.7: qemu-aarch64 is registered in a binfmt_misc instance private to
 # a user namespace, never host-wide.
 set -euo pipefail
@@ -133,15 +134,17 @@ phase_roots() {
 # build: in the build root, inside a private mount namespace (its mounts vanish with it)
 
 HOST_CARGO_HOME=${CARGO_HOME:-$HOME/.cargo}   # its registry cache is shared (cargo locks it)
-TD=$REPO/target/aarch64                       # the aarch64 target directory
+# the aarch64 target directory: a cache beside the roots (a fresh clone rebuilds only its own
+# crates), seen at the same path in both roots
+TD=${A64_TARGET:-$A64/target}
 CARGO_ENV=(CARGO_HOME=/cargo-home CARGO_TARGET_DIR="$TD" CARGO_TERM_COLOR=never
   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc)
 
 mount_build_root() {  # mount_build_root <where $B is>: proc, dev, the repository, the cargo home
   local d=$1
   mount -t proc proc "$d/proc"; mount --rbind /dev "$d/dev"; mount -t tmpfs tmpfs "$d/tmp"
-  mkdir -p "$d$REPO" "$d/cargo-home" "$HOST_CARGO_HOME"
-  mount --bind "$REPO" "$d$REPO"; mount --bind "$HOST_CARGO_HOME" "$d/cargo-home"
+  mkdir -p "$d$REPO" "$d/cargo-home" "$HOST_CARGO_HOME" "$d$TD" "$TD"
+  mount --bind "$REPO" "$d$REPO"; mount --bind "$HOST_CARGO_HOME" "$d/cargo-home"; mount --bind "$TD" "$d$TD"
 }
 
 inside_build() {
@@ -195,8 +198,8 @@ mount_arm64_root() {  # the arm64 root as the tests see it; $B inside at /mgarm6
   mount --bind "$T" "$T"   # "/" of the tests is a mount point: they make it private (unshare)
   mount -t proc proc "$T/proc"; mount --rbind /sys "$T/sys"; mount --rbind /dev "$T/dev"
   mount -t tmpfs tmpfs "$T/tmp"; mount -t tmpfs -o mode=755 tmpfs "$T/run"
-  mkdir -p "$T$REPO" "$T/mgarm64-build"
-  mount --bind "$REPO" "$T$REPO"
+  mkdir -p "$T$REPO" "$T$TD" "$T/mgarm64-build"
+  mount --bind "$REPO" "$T$REPO"; mount --bind "$TD" "$T$TD"
   mount --bind "$B" "$T/mgarm64-build"; mount_build_root "$T/mgarm64-build"
   install -m 755 "$HERE/cargo-in-build-root" "$T/usr/local/bin/cargo"
 }

@@ -475,6 +475,39 @@ scenario_chart_dry_run() {
   kc delete namespace mockgpu-system --wait=false > /dev/null
 }
 
+img_pod() {  # img_pod <name> <image> <the container's command/args fields, JSON>: a pod that runs once
+  kc apply -f - > /dev/null <<EOF
+{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$1", "namespace": "default"},
+ "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+  "containers": [{"name": "c", "image": "$2", "imagePullPolicy": "Never", $3}]}}
+EOF
+}
+pod_phase_is() { [ "$(kc get pod "$1" -o jsonpath='{.status.phase}')" = "$2" ]; }
+
+scenario_product_images() {  # the test bed's images hold what the Dockerfiles install, and run
+  local f name img n dest mode checks uid out want_uid
+  for f in "$REPO"/images/*.Dockerfile; do
+    name=mockgpu-$(basename "$f" .Dockerfile); img=localhost/$name:1; checks=""
+    # shellcheck disable=SC2016 # expanded in the container
+    while read -r n dest mode; do checks="$checks stat -c '%n %a' $dest;"; done < <("$REPO/tests/images.sh" installs "$f")
+    img_pod "$name-files" "$img" "\"command\": [\"/bin/sh\", \"-c\", \"$checks id -u\"]"
+    # the entry point as the Dockerfile sets it, with --version for arguments
+    img_pod "$name-entry" "$img" '"args": ["--version"]'
+    wait_for 60 "$name-files Succeeded" pod_phase_is "$name-files" Succeeded \
+      || { kc describe pod "$name-files" | tail -15; fail "$img: the file checks failed: $(kc logs "$name-files" 2>&1 | tail -3)"; }
+    out=$(kc logs "$name-files")
+    while read -r n dest mode; do
+      grep -qx "$dest $mode" <<< "$out" || fail "$img: want $dest with mode $mode (as $f installs it), got: $(tr '\n' ' ' <<< "$out")"
+    done < <("$REPO/tests/images.sh" installs "$f")
+    uid=$(tail -1 <<< "$out"); want_uid=$(awk '/^FROM /{u=0} /^USER /{u=$2} END{print u+0}' "$f")
+    [ "$uid" = "$want_uid" ] || fail "$img runs as uid $uid, $f says USER $want_uid"
+    wait_for 60 "$name-entry Succeeded" pod_phase_is "$name-entry" Succeeded \
+      || fail "$img: its entry point with --version failed: $(kc logs "$name-entry" 2>&1 | tail -3)"
+    echo "  $img: $(sed '$d' <<< "$out" | tr '\n' ' ')uid $uid; entry point --version: $(kc logs "$name-entry")"
+    kc delete pod "$name-files" "$name-entry" --wait=false > /dev/null
+  done
+}
+
 # ---------------------------------------------------------------------------------------------
 # the agent's device plugin against the real kubelet
 
@@ -597,6 +630,7 @@ run_cluster_scenarios() {
   step crd-admission-policy scenario_policy
   step helm scenario_helm
   step chart-dry-run scenario_chart_dry_run
+  step product-images scenario_product_images
   step device-plugin-socket scenario_device_plugin_socket
   step gpu-pod-injected scenario_gpu_pod
   step dp-registered scenario_dp_registered

@@ -165,13 +165,18 @@ oci_blob() {  # oci_blob <dir> <file>: move file into blobs/sha256, echo "<sha> 
   mv "$2" "$1/blobs/sha256/$sha"; echo "$sha $size"
 }
 
-oci_manifest() {  # oci_manifest <ocidir> <layer.tar> <config-json-fragment>: echo "<sha> <size>" of the manifest
-  local O=$1 lsha lsize csha csize
-  read -r lsha lsize < <(oci_blob "$O" "$2")
-  printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$3" "$lsha" > "$O/c.json"
+oci_manifest() {  # oci_manifest <ocidir> <config-json-fragment> <layer>...: echo "<sha> <size>" of the
+  # manifest; a layer is a tar file (moved into the blobs) or the sha256 of a blob already there
+  local O=$1 cfg=$2 l sha size diffs="" layers="" csha csize; shift 2
+  for l in "$@"; do
+    if [ -f "$l" ]; then read -r sha size < <(oci_blob "$O" "$l"); else sha=$l; size=$(stat -c %s "$O/blobs/sha256/$sha"); fi
+    diffs="$diffs${diffs:+,}\"sha256:$sha\""
+    layers="$layers${layers:+,}{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"sha256:$sha\",\"size\":$size}"
+  done
+  printf '{"architecture":"amd64","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":[%s]}}' "$cfg" "$diffs" > "$O/c.json"
   read -r csha csize < <(oci_blob "$O" "$O/c.json")
-  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
-    "$csha" "$csize" "$lsha" "$lsize" > "$O/m.json"
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[%s]}' \
+    "$csha" "$csize" "$layers" > "$O/m.json"
   oci_blob "$O" "$O/m.json"
 }
 
@@ -192,7 +197,7 @@ build_images() {  # one OCI archive: localhost/pause:1 = localhost/busybox:1 (bu
   for a in $("$R/bin/busybox" --list); do [ "$a" = busybox ] || ln -s busybox "$W/layer/bin/$a"; done
   echo 'root:x:0:0:root:/root:/bin/sh' > "$W/layer/etc/passwd"; echo 'root:x:0:' > "$W/layer/etc/group"; chmod 1777 "$W/layer/tmp"
   "${TAR[@]}" --owner=0 --group=0 -C "$W/layer" -cf "$W/busybox.tar" .
-  read -r bsha bsize < <(oci_manifest "$W/oci" "$W/busybox.tar" '{"Env":["PATH=/bin"],"Cmd":["/bin/sleep","inf"],"WorkingDir":"/"}')
+  read -r bsha bsize < <(oci_manifest "$W/oci" '{"Env":["PATH=/bin"],"Cmd":["/bin/sleep","inf"],"WorkingDir":"/"}' "$W/busybox.tar")
   # slurmd image: the node rootfs minus the container runtime, apt state and anything mounted
   "${TAR[@]}" -C "$R" -cf "$W/slurmd.tar" \
     --exclude=./proc/* --exclude=./sys/* --exclude=./dev/* --exclude=./run/* --exclude=./tmp/* \
@@ -200,13 +205,44 @@ build_images() {  # one OCI archive: localhost/pause:1 = localhost/busybox:1 (bu
     --exclude=./var/log/* --exclude=./usr/bin/containerd* --exclude=./usr/bin/ctr --exclude=./usr/sbin/runc \
     --exclude=./etc/containerd --exclude=./etc/slurm/* --exclude=./opt/* --exclude=./.oldroot --exclude=./usr/local/* .
   local lsize; lsize=$(stat -c %s "$W/slurmd.tar")
-  read -r ssha ssize < <(oci_manifest "$W/oci" "$W/slurmd.tar" '{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":["/bin/sleep","infinity"],"WorkingDir":"/"}')
+  # the base layer of the product images too (build_product_images): kept, with its digest
+  sha256sum "$W/slurmd.tar" | cut -d' ' -f1 > "$TB/images/base.sha"
+  read -r ssha ssize < <(oci_manifest "$W/oci" '{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":["/bin/sleep","infinity"],"WorkingDir":"/"}' "$W/slurmd.tar")
   echo '{"imageLayoutVersion":"1.0.0"}' > "$W/oci/oci-layout"
   printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[%s,%s,%s]}' \
     "$(oci_index_entry pause "$bsha" "$bsize")" "$(oci_index_entry busybox "$bsha" "$bsize")" \
     "$(oci_index_entry slurmd "$ssha" "$ssize")" > "$W/oci/index.json"
-  tar -C "$W/oci" -cf "$TB/images/all.tar" .; rm -rf "$W"; echo "$key" > "$TB/images/key"
+  tar -C "$W/oci" -cf "$TB/images/all.tar" .
+  mv "$W/oci/blobs/sha256/$(cat "$TB/images/base.sha")" "$TB/images/base.tar"; rm -rf "$W"; echo "$key" > "$TB/images/key"
   timing image-build "$(ms "$t") ms (slurmd layer $(( lsize / 1048576 )) MiB)"
+}
+
+# the product images (images/*.Dockerfile, as users' CI builds them with Docker): the release
+# binaries at the paths each Dockerfile installs them, over the node root's Debian layer (the
+# slurmd image's), with its entry point and user; localhost/mockgpu-<name>:1 (tests/images.sh
+# reads both from the Dockerfiles)
+build_product_images() {
+  local rel O=$TB/images/product f name n dest mode sha size entries="" key base
+  rel=$(dirname "$AGENT_BIN"); base=$(cat "$TB/images/base.sha")
+  key=$( { for f in "$REPO"/images/*.Dockerfile; do
+      echo "$f"; cat "$f"; "$REPO/tests/images.sh" installs "$f" | while read -r n _ _; do sha256sum "$rel/$n" 2> /dev/null || echo "no $n"; done
+    done; echo "$base"; declare -f build_product_images oci_manifest oci_index_entry; } | sha256sum | cut -c1-16)
+  [ -s "$TB/images/product.tar" ] && [ "$(cat "$TB/images/product.key" 2>/dev/null)" = "$key" ] && return 0
+  rm -rf "$O"; mkdir -p "$O/blobs/sha256"
+  ln -f "$TB/images/base.tar" "$O/blobs/sha256/$base"
+  for f in "$REPO"/images/*.Dockerfile; do
+    name=mockgpu-$(basename "$f" .Dockerfile); rm -rf "$O/layer"; mkdir -p "$O/layer"
+    while read -r n dest mode; do
+      [ -f "$rel/$n" ] || fail "$f installs $n, which $rel lacks (cargo build --release --workspace)"
+      install -D -m "$mode" "$rel/$n" "$O/layer$dest"
+    done < <("$REPO/tests/images.sh" installs "$f")
+    tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=2024-01-01 -C "$O/layer" -cf "$O/$name.tar" .
+    read -r sha size < <(oci_manifest "$O" "$("$REPO/tests/images.sh" config "$f")" "$base" "$O/$name.tar")
+    entries="$entries${entries:+,}$(oci_index_entry "$name" "$sha" "$size")"
+  done
+  rm -rf "$O/layer"; echo '{"imageLayoutVersion":"1.0.0"}' > "$O/oci-layout"
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[%s]}' "$entries" > "$O/index.json"
+  tar -C "$O" -cf "$TB/images/product.tar" .; rm -rf "$O"; echo "$key" > "$TB/images/product.key"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +292,10 @@ phase_up() {
   # a hard link (before $R becomes a mount point: links do not cross mounts) or a copy
   mkdir -p "$R/var/lib/mgtb"
   ln -f "$TB/images/all.tar" "$R/var/lib/mgtb/images.tar" 2>/dev/null || cp -f "$TB/images/all.tar" "$R/var/lib/mgtb/images.tar"
+  if [ "$CLUSTER" = 1 ]; then
+    build_product_images
+    ln -f "$TB/images/product.tar" "$R/var/lib/mgtb/product.tar" 2>/dev/null || cp -f "$TB/images/product.tar" "$R/var/lib/mgtb/product.tar"
+  fi
   do_mount; write_configs
   mkdir -p "$R/.oldroot"; rm -f "$R/run/node.pid"
   log "up: node namespaces (mount: pivot_root into $R; network: loopback only)"
@@ -276,8 +316,13 @@ phase_up() {
   log "up: containerd"; : > "$LOGS/containerd.log"
   start_containerd
   innode ctr -n k8s.io images import /var/lib/mgtb/images.tar > /dev/null
-  local img imgs; imgs=$(innode ctr -n k8s.io images ls -q)   # (no `| grep -q`: SIGPIPE + pipefail)
-  for img in pause busybox slurmd; do
+  local img imgs want="pause busybox slurmd"
+  if [ "$CLUSTER" = 1 ]; then
+    innode ctr -n k8s.io images import /var/lib/mgtb/product.tar > /dev/null
+    for img in "$REPO"/images/*.Dockerfile; do want="$want mockgpu-$(basename "$img" .Dockerfile)"; done
+  fi
+  imgs=$(innode ctr -n k8s.io images ls -q)   # (no `| grep -q`: SIGPIPE + pipefail)
+  for img in $want; do
     grep -qx "localhost/$img:1" <<< "$imgs" || fail "image localhost/$img:1 not imported"
   done
   print_env > "$TB/env.sh"

@@ -1,0 +1,3 @@
+//! mockgpu's central controller.
+
+pub mod crd;
