@@ -454,13 +454,14 @@ scenario_helm() {  # Helm installs and removes a chart against the real API serv
 # schema, unknown fields, the admission policy's CEL) and keeps none
 scenario_chart_dry_run() {
   local f name out want got
-  kc create namespace mockgpu-system > /dev/null
+  # (a namespace of its own: one being deleted does not get in the way of a real install later)
+  kc create namespace chart-dry-run > /dev/null
   # (the helm test pod runs as the namespace's default service account, which must exist)
-  wait_for 60 "the default service account in mockgpu-system" kc -n mockgpu-system get serviceaccount default
+  wait_for 60 "the default service account in chart-dry-run" kc -n chart-dry-run get serviceaccount default
   for f in default "$REPO"/charts/mockgpu/ci/*-values.yaml; do
     name=$(basename "$f" -values.yaml)
     if [ "$f" = default ]; then set --; else set -- -f "$f"; fi
-    hc template mg "$REPO/charts/mockgpu" --namespace mockgpu-system --include-crds "$@" > "$ST/chart-$name.yaml"
+    hc template mg "$REPO/charts/mockgpu" --namespace chart-dry-run --include-crds "$@" > "$ST/chart-$name.yaml"
     want=$(grep -c '^kind:' "$ST/chart-$name.yaml")
     out=$(kc apply --dry-run=server -f "$ST/chart-$name.yaml" 2>&1) || fail "chart values $name: the API server rejects: $out"
     got=$(grep -c ' (server dry run)$' <<< "$out" || true)
@@ -472,7 +473,7 @@ scenario_chart_dry_run() {
     echo "  $name: $got objects accepted"
   done
   ! kc get crd gpunodes.mockgpu.io > /dev/null 2>&1 || fail "a dry run left the GpuNode CRD behind"
-  kc delete namespace mockgpu-system --wait=false > /dev/null
+  kc delete namespace chart-dry-run --wait=false > /dev/null
 }
 
 img_pod() {  # img_pod <name> <image> <the container's command/args fields, JSON>: a pod that runs once
