@@ -49,7 +49,7 @@ yaml2json() {
 render() {
   local name=$1; shift
   "$HELM" lint --strict "$C" "$@" > "$T/lint" || { cat "$T/lint" >&2; echo "chart.sh: helm lint --strict ($name) failed" >&2; exit 1; }
-  "$HELM" template "$REL" "$C" --namespace "$NS" "$@" > "$T/$name.yaml"
+  "$HELM" template "$REL" "$C" --namespace "$NS" --include-crds "$@" > "$T/$name.yaml"
   yaml2json < "$T/$name.yaml" > "$T/$name.json"
   want "$T/$name.json" "every env value a string (as the API server decodes it)" \
     '[.. | objects | select(has("env")) | .env[] | select(has("value")) | .value | type == "string"] | all'
@@ -63,6 +63,9 @@ want "$D" "one agent DaemonSet, the controller, the policy, the test pod" \
   '(kinds("DaemonSet") | length) == 1 and (kinds("Deployment") | length) == 1
    and (kinds("ValidatingAdmissionPolicy") | length) == 1 and (kinds("ValidatingAdmissionPolicyBinding") | length) == 1
    and (kinds("Pod") | length) == 1 and (kinds("ConfigMap") | length) == 0'
+want "$D" "the GpuNode CRD (crds/, generated from the controller): cluster-scoped, with a status subresource" \
+  'obj("CustomResourceDefinition"; "gpunodes.mockgpu.io").spec | .group == "mockgpu.io" and .scope == "Cluster"
+   and .names.kind == "GpuNode" and ([.versions[] | select(.name == "v1alpha1") | .subresources.status] | length) == 1'
 want "$D" "rollout: a new agent before the old one stops" \
   'ds("default").spec.updateStrategy == {type: "RollingUpdate", rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}'
 want "$D" "agent and keeper privileged, the agent image's binary" \
