@@ -36,6 +36,8 @@ step "node test bed on Debian sid (containerd 2.x)"
 SUITE=sid bash tests/testbed/run.sh
 step "Kubernetes binaries and Helm (tests/build-k8s.sh; cached)"
 bash tests/build-k8s.sh
+step "the Helm chart: lint, rendered value sets, schema, configuration reference"
+bash tests/chart.sh
 step "node test bed, cluster mode (trixie: containerd 1.7)"
 CLUSTER=1 bash tests/testbed/run.sh
 step "node test bed, cluster mode on Debian sid (containerd 2.x)"

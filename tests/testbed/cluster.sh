@@ -449,6 +449,33 @@ scenario_helm() {  # Helm installs and removes a chart against the real API serv
   ! kc get configmap probe-probe > /dev/null 2>&1 || fail "helm uninstall left the ConfigMap"
 }
 
+# every value set of tests/chart.sh (the defaults and charts/mockgpu/ci/*-values.yaml) rendered
+# with the CRDs and applied with --dry-run=server: the real API server validates each object (its
+# schema, unknown fields, the admission policy's CEL) and keeps none
+scenario_chart_dry_run() {
+  local f name out want got
+  # (a namespace of its own: one being deleted does not get in the way of a real install later)
+  kc create namespace chart-dry-run > /dev/null
+  # (the helm test pod runs as the namespace's default service account, which must exist)
+  wait_for 60 "the default service account in chart-dry-run" kc -n chart-dry-run get serviceaccount default
+  for f in default "$REPO"/charts/mockgpu/ci/*-values.yaml; do
+    name=$(basename "$f" -values.yaml)
+    if [ "$f" = default ]; then set --; else set -- -f "$f"; fi
+    hc template mg "$REPO/charts/mockgpu" --namespace chart-dry-run --include-crds "$@" > "$ST/chart-$name.yaml"
+    want=$(grep -c '^kind:' "$ST/chart-$name.yaml")
+    out=$(kc apply --dry-run=server -f "$ST/chart-$name.yaml" 2>&1) || fail "chart values $name: the API server rejects: $out"
+    got=$(grep -c ' (server dry run)$' <<< "$out" || true)
+    [ "$got" = "$want" ] || fail "chart values $name: $got of $want objects accepted: $out"
+    grep -qx 'customresourcedefinition.apiextensions.k8s.io/gpunodes.mockgpu.io created (server dry run)' <<< "$out" \
+      || fail "chart values $name: no GpuNode CRD among: $out"
+    grep -qx 'validatingadmissionpolicy.admissionregistration.k8s.io/mg-mockgpu-agent-own-gpunode created (server dry run)' <<< "$out" \
+      || fail "chart values $name: no admission policy among: $out"
+    echo "  $name: $got objects accepted"
+  done
+  ! kc get crd gpunodes.mockgpu.io > /dev/null 2>&1 || fail "a dry run left the GpuNode CRD behind"
+  kc delete namespace chart-dry-run --wait=false > /dev/null
+}
+
 img_pod() {  # img_pod <name> <image> <the container's command/args fields, JSON>: a pod that runs once
   kc apply -f - > /dev/null <<EOF
 {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$1", "namespace": "default"},
@@ -603,6 +630,7 @@ run_cluster_scenarios() {
   step pod-daemonset-exec scenario_workloads
   step crd-admission-policy scenario_policy
   step helm scenario_helm
+  step chart-dry-run scenario_chart_dry_run
   step product-images scenario_product_images
   step device-plugin-socket scenario_device_plugin_socket
   step gpu-pod-injected scenario_gpu_pod

@@ -1,0 +1,64 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "mockgpu.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The prefix of object names: fullnameOverride, or <release>-<name> (the release alone when it contains the name). */}}
+{{- define "mockgpu.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "mockgpu.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "mockgpu.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "mockgpu.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Selector labels; (dict "root" $ "component" "agent"). */}}
+{{- define "mockgpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mockgpu.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* An image reference; (dict "root" $ "image" .Values.agent.image). */}}
+{{- define "mockgpu.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{- define "mockgpu.agentServiceAccount" -}}
+{{- default (printf "%s-agent" (include "mockgpu.fullname" .)) .Values.agent.serviceAccount.name }}
+{{- end }}
+
+{{- define "mockgpu.controllerServiceAccount" -}}
+{{- default (printf "%s-controller" (include "mockgpu.fullname" .)) .Values.controller.serviceAccount.name }}
+{{- end }}
+
+{{/* The profile of a pool: its own when set and not empty, else agent.profile. */}}
+{{- define "mockgpu.poolProfile" -}}
+{{- $p := .pool.profile | default dict }}
+{{- if not (or $p.name $p.file (($p.configMap | default dict).name)) }}
+{{- $p = .root.Values.agent.profile }}
+{{- end }}
+{{- if and $p.file (($p.configMap | default dict).name) }}
+{{- fail (printf "agent pool %q: the profile sets both file and configMap.name; set one" .pool.name) }}
+{{- end }}
+{{- toJson $p }}
+{{- end }}
+
+{{/* The ConfigMap of a pool's inline profile (profile.file). */}}
+{{- define "mockgpu.profileConfigMap" -}}
+{{- printf "%s-profile-%s" (include "mockgpu.fullname" .root) .pool.name }}
+{{- end }}

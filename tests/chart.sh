@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# chart.sh - the Helm chart (charts/mockgpu) with the real Helm CLI (tests/build-k8s.sh): `helm lint
+# --strict` and `helm template` with the default values and each value set in charts/mockgpu/ci/,
+# the fields that matter asserted with jq (privileges, host paths, mount propagation, probes, the
+# rollout, RBAC verbs, the admission policy); invalid values rejected by values.schema.json with
+# a readable error; docs/configuration.md up to date. No cluster: the test bed's cluster mode
+# applies the same value sets to the real API server (`chart-dry-run`).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash tests/apt-ensure.sh jq python3 python3-yaml
+K8S_BIN=${K8S_BIN:-$(bash tests/build-k8s.sh --print-dir)}
+HELM=${HELM:-$K8S_BIN/helm}
+[ -x "$HELM" ] || { echo "chart.sh: no helm at $HELM (run tests/build-k8s.sh)" >&2; exit 1; }
+C=charts/mockgpu
+REL=mg NS=mockgpu-system F=mg-mockgpu
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+bad=0 n=0
+
+# jq definitions over the rendered objects (an array)
+PRELUDE='
+def obj(k; n): [.[] | select(.kind == k and .metadata.name == n)]
+  | if length == 1 then .[0] else error("want one \(k) \(n), found \(length)") end;
+def kinds(k): [.[] | select(.kind == k)];
+def ds(n): obj("DaemonSet"; "'$F'-agent-" + n);
+def pod: .spec.template.spec;
+def ctr(n): [.containers[] | select(.name == n)] | first;
+def env(n): [.env[]? | select(.name == n) | .value] | first;
+def mount(n): [.volumeMounts[] | select(.name == n)] | first;
+def vol(n): [.volumes[] | select(.name == n)] | first;
+def rules: .rules | map({g: .apiGroups, r: .resources, v: (.verbs | sort), n: .resourceNames});
+'
+
+# want <rendered.json> <what> <jq expression that is true>
+want() {
+  n=$((n + 1))
+  if ! jq -e "$PRELUDE $3" "$1" > /dev/null 2> "$T/err"; then
+    echo "chart.sh: $(basename "$1" .json): $2: not so ($3) $(cat "$T/err")" >&2
+    bad=$((bad + 1))
+  fi
+}
+
+# YAML documents to a JSON array, read as YAML 1.1 (PyYAML) like the API server's decoder, so
+# that an unquoted `off` or `yes` is the boolean Kubernetes would see
+yaml2json() {
+  python3 -c 'import json, sys, yaml; print(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d is not None], default=str))'
+}
+
+# render <name> [helm args]: helm template into $T/<name>.json (an array of objects)
+render() {
+  local name=$1; shift
+  "$HELM" lint --strict "$C" "$@" > "$T/lint" || { cat "$T/lint" >&2; echo "chart.sh: helm lint --strict ($name) failed" >&2; exit 1; }
+  "$HELM" template "$REL" "$C" --namespace "$NS" --include-crds "$@" > "$T/$name.yaml"
+  yaml2json < "$T/$name.yaml" > "$T/$name.json"
+  want "$T/$name.json" "every env value a string (as the API server decodes it)" \
+    '[.. | objects | select(has("env")) | .env[] | select(has("value")) | .value | type == "string"] | all'
+  echo "chart.sh: $name: $(jq -r 'map(.kind) | group_by(.) | map("\(length) \(.[0])") | join(", ")' "$T/$name.json")"
+}
+
+# --- the default values
+render default
+D=$T/default.json
+want "$D" "one agent DaemonSet, the controller, the policy, the test pod" \
+  '(kinds("DaemonSet") | length) == 1 and (kinds("Deployment") | length) == 1
+   and (kinds("ValidatingAdmissionPolicy") | length) == 1 and (kinds("ValidatingAdmissionPolicyBinding") | length) == 1
+   and (kinds("Pod") | length) == 1 and (kinds("ConfigMap") | length) == 0'
+want "$D" "the GpuNode CRD (crds/, generated from the controller): cluster-scoped, with a status subresource" \
+  'obj("CustomResourceDefinition"; "gpunodes.mockgpu.io").spec | .group == "mockgpu.io" and .scope == "Cluster"
+   and .names.kind == "GpuNode" and ([.versions[] | select(.name == "v1alpha1") | .subresources.status] | length) == 1'
+want "$D" "rollout: a new agent before the old one stops" \
+  'ds("default").spec.updateStrategy == {type: "RollingUpdate", rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}'
+want "$D" "agent and keeper privileged, the agent image's binary" \
+  'ds("default") | pod | (ctr("agent").securityContext.privileged == true and ctr("keeper").securityContext.privileged == true
+   and ctr("agent").command == ["/usr/bin/mockgpu-agent", "serve"] and ctr("keeper").command == ["/usr/bin/mockgpu-agent", "keeper"])'
+want "$D" "host paths" \
+  'ds("default") | pod | (vol("run-mockgpu").hostPath.path == "/run/mockgpu" and vol("dev-fuse").hostPath == {path: "/dev/fuse", type: "CharDevice"}
+   and vol("sys").hostPath.path == "/sys" and vol("nri").hostPath.path == "/var/run/nri" and vol("device-plugins") == null)'
+want "$D" "/run/mockgpu Bidirectional in agent and keeper, /sys read-only" \
+  'ds("default") | pod | (ctr("agent") | mount("run-mockgpu").mountPropagation == "Bidirectional" and mount("sys").readOnly == true
+   and mount("nri").mountPath == "/var/run/nri" and mount("dev-fuse").mountPath == "/dev/fuse")
+   and (ctr("keeper") | mount("run-mockgpu").mountPropagation == "Bidirectional")'
+want "$D" "probes on the health port" \
+  'ds("default") | pod | ctr("agent") | (.livenessProbe.httpGet == {path: "/healthz", port: 9464}
+   and .readinessProbe.httpGet == {path: "/readyz", port: 9464} and .startupProbe.httpGet.path == "/healthz")'
+want "$D" "agent environment: node name from the pod, built-in profile, NRI, keeper, report" \
+  'ds("default") | pod | ctr("agent") | ((.env[] | select(.name == "MOCKGPU_NODE_NAME") | .valueFrom.fieldRef.fieldPath) == "spec.nodeName"
+   and env("MOCKGPU_PROFILE") == "gb300" and env("MOCKGPU_PROFILE_FILE") == null
+   and env("MOCKGPU_NRI_SOCKET") == "/var/run/nri/nri.sock" and env("MOCKGPU_LISTEN") == "0.0.0.0:9464"
+   and env("MOCKGPU_KEEPER") == "auto" and env("MOCKGPU_REPORT") == "auto" and env("MOCKGPU_HEARTBEAT") == "30"
+   and env("MOCKGPU_DEVICE_PLUGIN") == null and env("MOCKGPU_TRUSTED_NAMESPACES") == null)'
+want "$D" "on the node network no container port (it would be a host port, blocking the surge pod)" \
+  'ds("default") | pod | .hostNetwork == true and ([.containers[].ports // [] | length] | add) == 0'
+want "$D" "agent RBAC: exactly its own verbs" \
+  'obj("ClusterRole"; "'$F'-agent") | rules == [
+     {g: ["mockgpu.io"], r: ["gpunodes"], v: ["create", "get", "patch", "update"], n: null},
+     {g: ["mockgpu.io"], r: ["gpunodes/status"], v: ["get", "patch", "update"], n: null},
+     {g: [""], r: ["nodes"], v: ["get"], n: null},
+     {g: ["events.k8s.io"], r: ["events"], v: ["create", "patch"], n: null}]'
+want "$D" "controller RBAC: exactly its verbs, no Secret without remediation" \
+  'obj("ClusterRole"; "'$F'-controller") | rules == [
+     {g: ["mockgpu.io"], r: ["gpunodes"], v: ["get", "list", "watch"], n: null},
+     {g: ["mockgpu.io"], r: ["gpunodes/status"], v: ["patch", "update"], n: null},
+     {g: [""], r: ["nodes"], v: ["get", "list", "patch", "watch"], n: null},
+     {g: [""], r: ["pods"], v: ["delete", "get", "list", "watch"], n: null},
+     {g: ["events.k8s.io"], r: ["events"], v: ["create", "patch"], n: null}]'
+want "$D" "controller Role: the Lease only" \
+  'obj("Role"; "'$F'-controller") | .metadata.namespace == "'$NS'" and rules == [
+     {g: ["coordination.k8s.io"], r: ["leases"], v: ["create", "get", "update"], n: null}]'
+want "$D" "bindings name the service accounts" \
+  '(obj("ClusterRoleBinding"; "'$F'-agent").subjects == [{kind: "ServiceAccount", name: "'$F'-agent", namespace: "'$NS'"}])
+   and (obj("ClusterRoleBinding"; "'$F'-controller").subjects[0].name == "'$F'-controller")
+   and (obj("RoleBinding"; "'$F'-controller").roleRef.name == "'$F'-controller")
+   and (ds("default") | pod | .serviceAccountName == "'$F'-agent")'
+want "$D" "controller: 2 replicas, non-root 65532, read-only root, probes, its environment" \
+  'obj("Deployment"; "'$F'-controller") | .spec.replicas == 2 and (pod | .securityContext.runAsUser == 65532 and .securityContext.runAsNonRoot == true
+   and .serviceAccountName == "'$F'-controller"
+   and (ctr("controller") | .command == ["/usr/bin/mockgpu-controller", "run"] and .securityContext.readOnlyRootFilesystem == true
+     and .securityContext.allowPrivilegeEscalation == false and .securityContext.capabilities.drop == ["ALL"]
+     and .livenessProbe.httpGet == {path: "/healthz", port: 8080} and .readinessProbe.httpGet == {path: "/readyz", port: 8080}
+     and ((.env[] | select(.name == "POD_NAME") | .valueFrom.fieldRef.fieldPath) == "metadata.name")
+     and ((.env[] | select(.name == "POD_NAMESPACE") | .valueFrom.fieldRef.fieldPath) == "metadata.namespace")
+     and env("MOCKGPU_CONTROLLER_LISTEN") == "0.0.0.0:8080" and env("MOCKGPU_LEASE_NAME") == "'$F'-controller"
+     and env("MOCKGPU_SLURMD_SELECTOR") == "app.kubernetes.io/name=slurmd" and env("MOCKGPU_REMEDIATION") == "false"
+     and env("MOCKGPU_STALE_AFTER") == "120" and env("MOCKGPU_SLURMRESTD_URL") == null))'
+want "$D" "admission policy: the agent service account on gpunodes and their status" \
+  'obj("ValidatingAdmissionPolicy"; "'$F'-agent-own-gpunode").spec | .failurePolicy == "Fail"
+   and .matchConstraints.resourceRules == [{apiGroups: ["mockgpu.io"], apiVersions: ["*"],
+     operations: ["CREATE", "UPDATE", "DELETE"], resources: ["gpunodes", "gpunodes/status"]}]
+   and .matchConditions == [{name: "agent-service-account",
+     expression: "request.userInfo.username == '"'system:serviceaccount:$NS:$F-agent'"'"}]'
+want "$D" "admission policy: the node-name claim equals the object name, the message names both" \
+  'obj("ValidatingAdmissionPolicy"; "'$F'-agent-own-gpunode").spec
+   | (.variables[0].expression | contains("request.userInfo.extra['"'authentication.kubernetes.io/node-name'"'][0]"))
+   and .validations[0].expression == "variables.nodeName != '"''"' && variables.nodeName == request.name"
+   and (.validations[0].messageExpression | contains("variables.nodeName + '"', not '"' + request.name"))'
+want "$D" "admission binding: Deny, the policy" \
+  'obj("ValidatingAdmissionPolicyBinding"; "'$F'-agent-own-gpunode").spec == {policyName: "'$F'-agent-own-gpunode", validationActions: ["Deny"]}'
+want "$D" "helm test: doctor with the agent directory (Bidirectional), NRI, containerd config, on the node network" \
+  'obj("Pod"; "'$F'-doctor") | .metadata.annotations["helm.sh/hook"] == "test" and (.spec | .hostNetwork == true
+   and .restartPolicy == "Never" and (ctr("doctor") | .command == ["/usr/bin/mockgpu-agent", "doctor"]
+     and env("MOCKGPU_LISTEN") == "127.0.0.1:9464" and mount("run-mockgpu").mountPropagation == "Bidirectional"
+     and mount("containerd").readOnly == true and mount("nri").mountPath == "/var/run/nri")
+   and vol("run-mockgpu").hostPath.path == "/run/mockgpu" and vol("containerd").hostPath.path == "/etc/containerd")'
+
+# --- value sets
+V=$C/ci
+render profile-file -f "$V/profile-file-values.yaml"
+P=$T/profile-file.json
+want "$P" "inline profile: a ConfigMap of the chart, read as MOCKGPU_PROFILE_FILE" \
+  '(obj("ConfigMap"; "'$F'-profile-default").data["profile.yaml"] == "base: h100\ngpus: 2\n")
+   and (ds("default") | pod | vol("profile").configMap.name == "'$F'-profile-default"
+     and (ctr("agent") | env("MOCKGPU_PROFILE_FILE") == "/etc/mockgpu/profile/profile.yaml" and env("MOCKGPU_PROFILE") == null
+       and mount("profile") == {name: "profile", mountPath: "/etc/mockgpu/profile", readOnly: true}))'
+
+render profile-configmap -f "$V/profile-configmap-values.yaml"
+P=$T/profile-configmap.json
+want "$P" "existing ConfigMap: mounted whole (so that changes arrive), its key as the file" \
+  '(kinds("ConfigMap") | length) == 0 and (ds("default") | pod | vol("profile").configMap == {name: "site-gpu-profile"}
+   and (ctr("agent") | env("MOCKGPU_PROFILE_FILE") == "/etc/mockgpu/profile/gpus.yaml" and (mount("profile") | has("subPath") | not)))'
+
+render device-plugin -f "$V/device-plugin-values.yaml"
+P=$T/device-plugin.json
+want "$P" "device plugin: its environment and the kubelet's device-plugins directory" \
+  'ds("default") | pod | vol("device-plugins").hostPath.path == "/var/lib/k0s/kubelet/device-plugins"
+   and (ctr("agent") | env("MOCKGPU_DEVICE_PLUGIN") == "true" and env("MOCKGPU_RESOURCE_NAME") == "example.com/gpu"
+     and env("MOCKGPU_KUBELET_DIR") == "/var/lib/k0s/kubelet" and mount("device-plugins").mountPath == "/var/lib/k0s/kubelet/device-plugins")'
+
+render nri-off -f "$V/nri-off-values.yaml"
+P=$T/nri-off.json
+want "$P" "NRI off: no socket, no keeper, no report; pod network with a metrics port" \
+  'ds("default") | pod | vol("nri") == null and ctr("keeper") == null and (.hostNetwork | not)
+   and (ctr("agent") | env("MOCKGPU_NRI_SOCKET") == null and mount("nri") == null and env("MOCKGPU_KEEPER") == "off"
+     and env("MOCKGPU_REPORT") == "off" and .ports == [{name: "metrics", containerPort: 9464, protocol: "TCP"}])'
+want "$P" "NRI off: the doctor pod does not mount the NRI directory" \
+  'obj("Pod"; "'$F'-doctor").spec | vol("nri") == null and (.hostNetwork | not)'
+
+render remediation -f "$V/remediation-values.yaml"
+P=$T/remediation.json
+want "$P" "remediation: slurmrestd URL and token Secret in the environment" \
+  'obj("Deployment"; "'$F'-controller") | pod | ctr("controller") | env("MOCKGPU_REMEDIATION") == "true"
+   and env("MOCKGPU_SLURMRESTD_URL") == "http://slurm-restapi.slurm:6820"
+   and env("MOCKGPU_SLURMRESTD_TOKEN_SECRET") == "slurm-token-slurmrestd/auth-token"'
+want "$P" "remediation: the Role reads that one Secret" \
+  'obj("Role"; "'$F'-controller") | rules == [
+     {g: ["coordination.k8s.io"], r: ["leases"], v: ["create", "get", "update"], n: null},
+     {g: [""], r: ["secrets"], v: ["get"], n: ["slurm-token-slurmrestd"]}]'
+
+render two-pools -f "$V/two-pools-values.yaml"
+P=$T/two-pools.json
+want "$P" "two pools: two DaemonSets with their own selectors and profiles" \
+  '(kinds("DaemonSet") | length) == 2
+   and (ds("gb300") | .spec.selector.matchLabels["mockgpu.io/pool"] == "gb300" and (pod
+     | .nodeSelector == {"mockgpu.io/enabled": "true", pool: "gb300"} and (.tolerations | length) == 1
+     and (ctr("agent") | env("MOCKGPU_PROFILE") == "gb300" and env("MOCKGPU_TRUSTED_NAMESPACES") == "slurm,ml-jobs")))
+   and (ds("h100") | .spec.selector.matchLabels["mockgpu.io/pool"] == "h100" and (pod
+     | .nodeSelector == {"mockgpu.io/enabled": "true", pool: "h100"} and (.tolerations | length) == 2
+     and vol("profile").configMap.name == "'$F'-profile-h100" and (ctr("agent") | env("MOCKGPU_PROFILE") == null)))
+   and (obj("ConfigMap"; "'$F'-profile-h100").data["profile.yaml"] | startswith("base: h100\ngpus: 8"))
+   and (kinds("ConfigMap") | length) == 1'
+want "$P" "two pools: the doctor runs on the first pool" \
+  'obj("Pod"; "'$F'-doctor").spec.nodeSelector == {"mockgpu.io/enabled": "true", pool: "gb300"}'
+
+# NOTES.txt (rendered by an install's client-side dry run): what to check next, per pool
+n=$((n + 1))
+notes=$(HELM_CACHE_HOME=$T/helm HELM_CONFIG_HOME=$T/helm HELM_DATA_HOME=$T/helm \
+  "$HELM" install "$REL" "$C" --namespace "$NS" --dry-run=client -f "$V/two-pools-values.yaml" | sed -n '/^NOTES:/,$p')
+for line in "rollout status daemonset/$F-agent-gb300" "rollout status daemonset/$F-agent-h100" "kubectl get gpunodes" \
+  "helm test $REL -n $NS --logs" "-c agent -- mockgpu-agent doctor"; do
+  grep -qF -- "$line" <<< "$notes" || { echo "chart.sh: NOTES.txt lacks '$line': $notes" >&2; bad=$((bad + 1)); }
+done
+
+# --- invalid values: rejected, and the error says where and why
+# reject <what> <fragment of the error> <helm args>...
+reject() {
+  local what=$1 frag=$2 out; shift 2; n=$((n + 1))
+  if out=$("$HELM" template "$REL" "$C" "$@" 2>&1 > /dev/null); then
+    echo "chart.sh: $what: accepted ($*)" >&2; bad=$((bad + 1)); return
+  fi
+  grep -qF -- "$frag" <<< "$out" || { echo "chart.sh: $what: the error lacks '$frag': $out" >&2; bad=$((bad + 1)); return; }
+  echo "chart.sh: rejected $what: $(grep -F -- "$frag" <<< "$out" | head -1 | sed 's/^ *//')"
+}
+reject "a wrong type" "at '/agent/heartbeatSeconds': got string, want integer" --set agent.heartbeatSeconds=soon
+reject "an unknown key" "at '/agent/devicePlugin': additional properties 'enable' not allowed" --set agent.devicePlugin.enable=true
+reject "an unknown top-level key" "additional properties 'agents' not allowed" --set agents.nri.enabled=false
+reject "a bad profile name" "at '/agent/profile/name': value must be one of 'gb300'" --set agent.profile.name=h300
+reject "a bad pool profile name" "at '/agent/pools/0/profile/name': value must be one of" --set 'agent.pools[0].profile.name=gb9000'
+reject "a bad pool name" "at '/agent/pools/0/name': 'GPU_pool' does not match pattern" --set 'agent.pools[0].name=GPU_pool'
+reject "an empty pool list" "at '/agent/pools': minItems: got 0, want 1" --set-json 'agent.pools=[]'
+reject "no pool list" "at '/agent': missing property 'pools'" --set agent.pools=null
+reject "a port out of range" "at '/controller/port': maximum" --set controller.port=70000
+reject "remediation without slurmrestd" "at '/controller/remediation/slurmrestdUrl': '' does not match pattern" --set controller.remediation.enabled=true
+reject "a profile from a file and a ConfigMap" 'agent pool "default": the profile sets both file and configMap.name; set one' \
+  --set agent.profile.file=base:gb300 --set agent.profile.configMap.name=p
+
+# --- the configuration reference
+n=$((n + 1))
+bash tests/chart-docs.sh --check || bad=$((bad + 1))
+
+[ $bad = 0 ] || { echo "chart.sh: $bad of $n checks failed" >&2; exit 1; }
+echo "chart.sh: $n checks passed ($("$HELM" version --short))"
