@@ -1,3 +1,4 @@
 //! mockgpu's central controller.
 
 pub mod crd;
+pub mod slurm;
