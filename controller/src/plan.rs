@@ -406,10 +406,10 @@ pub fn requests_resource(pod: &Pod, resource: &str) -> bool {
 /// Kubernetes node's on the host network, otherwise the pod's `hostname` or name).
 pub fn slurm_node_name(pod: &Pod) -> String {
     let spec = pod.spec.as_ref();
-    if spec.and_then(|s| s.host_network).unwrap_or(false) {
-        if let Some(node) = spec.and_then(|s| s.node_name.clone()) {
-            return node;
-        }
+    if spec.and_then(|s| s.host_network).unwrap_or(false)
+        && let Some(node) = spec.and_then(|s| s.node_name.clone())
+    {
+        return node;
     }
     spec.and_then(|s| s.hostname.clone())
         .or_else(|| pod.metadata.name.clone())
