@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PartialObjectMeta, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::Action;
+use kube::runtime::controller::{Action, Error as ControllerError};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
@@ -24,7 +24,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use mockgpu_api::GpuNode;
 use mockgpu_api::gpunode::{CONTROLLER_MANAGER, condition};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::metrics::{ActionLabels, Metrics};
 use crate::plan::{self, Input, Plan, Settings, requests_resource};
@@ -159,13 +159,16 @@ fn strip(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
 }
 
-fn log_result<K, E: std::fmt::Display>(kind: &str, r: Result<(ObjectRef<K>, Action), E>)
-where
-    K: Resource,
-    K::DynamicType: Clone + Eq + std::hash::Hash,
-{
-    if let Err(err) = r {
-        warn!(%err, "{kind} reconcile failed");
+/// Logs a failed reconcile. A GpuNode that does not exist (a Node without one, or a deleted
+/// one: the sweep's business) is not a failure.
+fn log_result<K: Resource>(
+    kind: &str,
+    r: Result<(ObjectRef<K>, Action), ControllerError<ReconcileError, watcher::Error>>,
+) {
+    match r {
+        Ok(_) => {}
+        Err(ControllerError::ObjectNotFound(obj)) => debug!(%obj, "no such {kind}"),
+        Err(err) => warn!(%err, "{kind} reconcile failed"),
     }
 }
 
