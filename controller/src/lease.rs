@@ -220,17 +220,16 @@ impl Elector {
                 Ok(false)
             }
             decision => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
+                // the current resourceVersion: a write that raced another replica's fails (409)
+                let metadata = current.as_ref().map_or_else(
+                    || ObjectMeta {
                         name: Some(self.name.clone()),
-                        resource_version: current
-                            .as_ref()
-                            .and_then(|l| l.metadata.resource_version.clone()),
-                        ..current
-                            .as_ref()
-                            .map(|l| l.metadata.clone())
-                            .unwrap_or_default()
+                        ..ObjectMeta::default()
                     },
+                    |l| l.metadata.clone(),
+                );
+                let lease = Lease {
+                    metadata,
                     spec: Some(claim(spec, &self.me, self.timing.lease, Timestamp::now())),
                 };
                 let written = match current {

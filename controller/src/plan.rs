@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use mockgpu_api::gpunode::condition;
@@ -372,14 +372,7 @@ fn gpu_containers(pod: &Pod, resource: &str) -> Vec<(String, Timestamp)> {
         .and_then(|s| s.container_statuses.as_ref());
     spec.containers
         .iter()
-        .filter(|c| {
-            c.resources.as_ref().is_some_and(|r| {
-                [&r.limits, &r.requests]
-                    .into_iter()
-                    .flatten()
-                    .any(|m| m.get(resource).is_some_and(|q| q.0 != "0"))
-            })
-        })
+        .filter(|c| asks_for(c, resource))
         .filter_map(|c| {
             let st = statuses?.iter().find(|s| s.name == c.name)?;
             let since = st.state.as_ref()?.running.as_ref()?.started_at.as_ref()?.0;
@@ -390,15 +383,18 @@ fn gpu_containers(pod: &Pod, resource: &str) -> Vec<(String, Timestamp)> {
 
 /// Whether the pod asks for `resource` in any container (the pods watched for InjectionMissing).
 pub fn requests_resource(pod: &Pod, resource: &str) -> bool {
-    pod.spec.as_ref().is_some_and(|s| {
-        s.containers.iter().any(|c| {
-            c.resources.as_ref().is_some_and(|r| {
-                [&r.limits, &r.requests]
-                    .into_iter()
-                    .flatten()
-                    .any(|m| m.contains_key(resource))
-            })
-        })
+    pod.spec
+        .as_ref()
+        .is_some_and(|s| s.containers.iter().any(|c| asks_for(c, resource)))
+}
+
+/// Whether the container's limits or requests ask for a non-zero amount of `resource`.
+fn asks_for(c: &Container, resource: &str) -> bool {
+    c.resources.as_ref().is_some_and(|r| {
+        [&r.limits, &r.requests]
+            .into_iter()
+            .flatten()
+            .any(|m| m.get(resource).is_some_and(|q| q.0 != "0"))
     })
 }
 
@@ -440,7 +436,7 @@ fn names(items: impl Iterator<Item = String>) -> String {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{
-        Container, ContainerState, ContainerStateRunning, ContainerStatus, PodSpec, PodStatus,
+        ContainerState, ContainerStateRunning, ContainerStatus, PodSpec, PodStatus,
         ResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -696,17 +692,14 @@ mod tests {
         // the transition time is that of the change, kept while the status holds
         let when = |p: &Plan| p.conditions.as_ref().unwrap()[0].last_transition_time.0;
         assert_eq!(when(&p), t(91));
+        // a heartbeat again: not stale, and the transition is recorded
+        let mut beating = stale.clone();
+        beating.status.as_mut().unwrap().last_heartbeat = Some(Time(t(299)));
         let back = run(&Case {
             now: 300,
-            ..case(
-                Some(&{
-                    let mut s = stale.clone();
-                    s.status.as_mut().unwrap().last_heartbeat = Some(Time(t(299)));
-                    s
-                }),
-                Some(&n),
-            )
+            ..case(Some(&beating), Some(&n))
         });
+        assert_eq!(when(&back), t(300));
         assert_eq!(conds(&back)[0], c3("False:Heartbeating", "", "")[0].clone());
     }
 
