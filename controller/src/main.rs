@@ -1,4 +1,15 @@
-use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Parser, Subcommand};
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use mockgpu_controller::lease::Timing;
+use mockgpu_controller::plan::Settings;
+use mockgpu_controller::run::{Config, run};
+use mockgpu_controller::slurm::NoSlurm;
 
 /// mockgpu's central controller.
 #[derive(Parser)]
@@ -12,11 +23,131 @@ struct Cli {
 enum Command {
     /// Print the GpuNode CustomResourceDefinition (YAML) for `kubectl apply -f -`.
     Crd,
+    /// Run the controller: node labels and GpuNode conditions (Stale, Drifted, InjectionMissing)
+    /// from the agents' GpuNodes, and opt-in remediation. Replicas elect a leader through a
+    /// Lease; only the leader acts, the others stand by (all are ready).
+    Run(Box<RunArgs>),
 }
 
+#[derive(Args)]
+struct RunArgs {
+    /// Namespace of the leader-election Lease (and of the slurmrestd token's Secret).
+    #[arg(long, env = "POD_NAMESPACE")]
+    namespace: String,
+    /// This replica's identity in the Lease (unique per replica: the pod's name).
+    #[arg(long, env = "POD_NAME")]
+    identity: String,
+    /// /healthz, /readyz and /metrics address.
+    #[arg(
+        long,
+        env = "MOCKGPU_CONTROLLER_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
+    listen: SocketAddr,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "MOCKGPU_LEASE_NAME", default_value = "mockgpu-controller")]
+    lease_name: String,
+    /// Label selector of the slurmd pods (Drifted: one that started before the node's topology
+    /// changed registered the old GPUs).
+    #[arg(
+        long,
+        env = "MOCKGPU_SLURMD_SELECTOR",
+        default_value = "app.kubernetes.io/name=slurmd"
+    )]
+    slurmd_selector: String,
+    /// Act on Drifted (delete the node's Slurm record, then its slurmd pods) and InjectionMissing
+    /// (delete the pod, so that it is recreated with mockgpu's files).
+    #[arg(long, env = "MOCKGPU_REMEDIATION", default_value_t = false, action = clap::ArgAction::Set)]
+    remediation: bool,
+    /// slurmrestd's URL (drift remediation deletes Slurm node records through it).
+    #[arg(long, env = "MOCKGPU_SLURMRESTD_URL")]
+    slurmrestd_url: Option<String>,
+    /// The Secret key holding slurmrestd's JWT, as `<secret>/<key>` in the Lease's namespace.
+    #[arg(
+        long,
+        env = "MOCKGPU_SLURMRESTD_TOKEN_SECRET",
+        requires = "slurmrestd_url"
+    )]
+    slurmrestd_token_secret: Option<String>,
+    /// Seconds without a heartbeat after which a GpuNode is Stale.
+    #[arg(long, env = "MOCKGPU_STALE_AFTER", default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..))]
+    stale_after: u64,
+    /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
+/// A GPU container gets this long to show up in the agent's pinning before it counts as
+/// InjectionMissing (the agent reports pinning changes well within it).
+const INJECTION_GRACE: Duration = Duration::from_secs(60);
+
 fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().command {
         Command::Crd => print!("{}", mockgpu_controller::crd::yaml()?),
+        Command::Run(args) => tokio::runtime::Runtime::new()
+            .context("cannot start the async runtime")?
+            .block_on(run_controller(*args))?,
     }
     Ok(())
+}
+
+async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
+    if let Some(url) = &args.slurmrestd_url {
+        bail!("MOCKGPU_SLURMRESTD_URL={url}: this build has no slurmrestd client");
+    }
+    let client = match &args.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?;
+            Client::try_from(cfg)?
+        }
+        None => Client::try_from(
+            kube::Config::infer()
+                .await
+                .context("no Kubernetes credentials (in-cluster or kubeconfig)")?,
+        )?,
+    };
+    let cfg = Config {
+        namespace: args.namespace,
+        identity: args.identity,
+        lease_name: args.lease_name,
+        timing: Timing::default(),
+        slurmd_selector: args.slurmd_selector,
+        listen: args.listen,
+        settings: Settings {
+            remediation: args.remediation,
+            stale_after: Duration::from_secs(args.stale_after),
+            injection_grace: INJECTION_GRACE,
+            gpu_resource: "nvidia.com/gpu".into(),
+        },
+    };
+    run(client, cfg, None::<NoSlurm>, shutdown()).await?;
+    Ok(())
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(err) => {
+            tracing::warn!(%err, "no SIGTERM handler; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

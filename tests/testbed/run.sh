@@ -17,9 +17,10 @@ bash "$REPO/tests/apt-ensure.sh" debootstrap fuse3 protobuf-compiler util-linux 
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 PROFILE=${TESTBED_PROFILE:-release}
 OUT=$TARGET/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")
-echo "run.sh: cargo build --profile $PROFILE (agent with its shim, test bed) into $OUT"
+echo "run.sh: cargo build --profile $PROFILE (agent with its shim, test bed; the controller in cluster mode) into $OUT"
 tb=$(date +%s)
-(cd "$REPO" && cargo build --profile "$PROFILE" -p mockgpu-agent -p mockgpu-testbed)
+# shellcheck disable=SC2046 # an optional word
+(cd "$REPO" && cargo build --profile "$PROFILE" -p mockgpu-agent -p mockgpu-testbed $([ "${CLUSTER:-0}" = 1 ] && echo -p mockgpu-controller))
 echo "TIMING cargo-build: $(( $(date +%s) - tb )) s"
 
 if [ "${CLUSTER:-0}" = 1 ] && [ -z "${K8S_BIN:-}" ]; then
