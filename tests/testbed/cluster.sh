@@ -863,6 +863,251 @@ scenario_controller_gpunode_deleted() {  # no GpuNode: our labels go, the node's
   [ -z "$(ctl_holder)" ] || fail "the lease is still held by '$(ctl_holder)' after both replicas stopped"
   kc delete node "$CTL_NODE" > /dev/null
   echo "  labels removed, kubernetes.io/hostname kept; both replicas stopped, the lease released"
+# Slurm the way Slinky runs it: a slurmctld pod in configless mode and a slurmd DaemonSet of
+# Slinky's pod shape, from the slurmd image (Debian's Slurm). Nothing here knows who serves the
+# agent (a host process today, the chart's DaemonSet later): only the node, its label and its
+# allocatable GPUs count.
+
+SLINKY_NS=slurm                     # Slinky's namespace
+SLINKY_NODESET=gpu                  # the NodeSet: the slurmd pods' instance label, Features, NodeSet, partition
+SLINKY_CTLD=slurm-controller-0      # Slinky's controller pod (StatefulSet slurm-controller, ordinal 0)
+PCI_LABEL=feature.node.kubernetes.io/pci-10de.present
+# Networking: pod IPs on the bridge, not hostNetwork. Slinky's pods are on the pod network, and
+# Slurm needs every daemon to reach every other one directly (slurmd registers with slurmctld,
+# slurmctld and srun connect back to slurmd, slurmstepd to srun): pod IPs do that on the bridge.
+# Slinky names slurmctld through a Service, which nothing answers here (no kube-proxy, no DNS), so
+# slurm.conf and slurmd's --conf-server carry the controller pod's IP instead.
+
+# the executables the pods start: Debian's package installs <name>-wlm, its maintainer scripts
+# (update-alternatives) make the usual names; an image assembled from extracted packages has to
+# make them itself. The start of the containers' scripts
+# shellcheck disable=SC2016 # expanded in the container
+SLINKY_NEED='set -e; need() { for n; do [ -x "/usr/sbin/$n" ] || { echo "slurmd image: no /usr/sbin/$n (the Debian package installs $n-wlm; its maintainer scripts make $n with update-alternatives, which an image from extracted packages must recreate)" >&2; exit 1; }; done; [ "$(id -u slurm):$(id -g slurm)" = "'$SLURM_UID:$SLURM_UID'" ] || { echo "slurmd image: slurm is $(id -u slurm):$(id -g slurm), Slinky uses '$SLURM_UID:$SLURM_UID'" >&2; exit 1; }; }'
+
+slinky_supported() {  # Slinky's operator supports Slurm 25.11 and later
+  local v; v=$(innode slurmd -V | awk '{print $2}')
+  awk -v v="$v" 'BEGIN {split(v, p, "."); exit !(p[1] > 25 || (p[1] == 25 && p[2] >= 11))}'
+}
+
+slinky_cgroup_conf() {  # Slinky's cgroup.conf where Slurm's cgroup/v2 can work, or why not
+  if [ "$(innode stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
+    printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n'
+  else
+    # a cgroup v1 host (v1 controllers, an empty cgroup2 at /sys/fs/cgroup/unified): slurmd's
+    # cgroup/v2 plugin stops at start, whatever CgroupMountpoint says: "fatal: Hybrid mode is not
+    # supported. Mounted cgroups are: ..." (it reads the v1 lines of /proc/self/cgroup). Slurm
+    # then runs without cgroups (proctrack/linuxproc in slurm.conf)
+    printf 'CgroupPlugin=disabled\n'
+  fi
+}
+
+slinky_slurm_conf() {  # slurm.conf as Slinky's operator generates it (@CTLD_ADDR@: the controller's pod IP)
+  cat <<EOF
+ClusterName=slinky
+SlurmUser=slurm
+SlurmctldHost=$SLINKY_CTLD(@CTLD_ADDR@)
+SlurmctldPort=6817
+StateSaveLocation=/var/spool/slurmctld
+SlurmdUser=root
+SlurmdPort=6818
+SlurmdSpoolDir=/var/spool/slurmd
+MaxNodeCount=1024
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+AuthType=auth/slurm
+CredType=cred/slurm
+AuthInfo=use_client_ids
+SlurmctldParameters=enable_configless,reconfig_on_restart
+AccountingStorageType=accounting_storage/none
+GresTypes=gpu
+NodeSet=$SLINKY_NODESET Feature=$SLINKY_NODESET
+PartitionName=$SLINKY_NODESET Nodes=$SLINKY_NODESET Default=YES MaxTime=UNLIMITED State=UP
+EOF
+  # (Slinky also sets AuthAltTypes=auth/jwt for slurmrestd, which is not deployed here)
+  grep -q '^CgroupPlugin=disabled' <<< "$1" && echo 'ProctrackType=proctrack/linuxproc'
+  return 0
+}
+
+slinky_controller_up() {  # slurm.key Secret, config ConfigMap, the slurmctld pod; its IP in $ST/slinky-ctld-ip
+  local cg; cg=$(slinky_cgroup_conf)
+  dp_ns "$SLINKY_NS"
+  kc -n "$SLINKY_NS" create secret generic slurm-auth-slurm --from-file=slurm.key=<(head -c 1024 /dev/urandom) > /dev/null
+  kc -n "$SLINKY_NS" create configmap slurm-config --from-file=slurm.conf=<(slinky_slurm_conf "$cg") \
+    --from-file=cgroup.conf=<(echo "$cg") --from-file=gres.conf=<(echo 'AutoDetect=nvidia') > /dev/null
+  kc apply -f - > /dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $SLINKY_CTLD
+  namespace: $SLINKY_NS
+  labels: {app.kubernetes.io/name: slurmctld, app.kubernetes.io/instance: slurm, app.kubernetes.io/component: controller}
+spec:
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: slurmctld
+    image: localhost/slurmd:1
+    imagePullPolicy: Never
+    # Slinky's controller copies its configuration and key into /etc/slurm (the key owned by
+    # SlurmUser, 0600); slurmctld starts as root and runs as SlurmUser
+    command: [/bin/sh, -c]
+    args:
+    - |
+      $SLINKY_NEED
+      need slurmctld
+      sed "s/@CTLD_ADDR@/\$POD_IP/" /mnt/slurm/slurm.conf > /etc/slurm/slurm.conf
+      cp /mnt/slurm/cgroup.conf /mnt/slurm/gres.conf /etc/slurm/
+      install -o slurm -g slurm -m 600 /mnt/slurm-key/slurm.key /etc/slurm/slurm.key
+      install -d -o slurm -g slurm /var/spool/slurmctld /var/log/slurm
+      exec slurmctld -D
+    env: [{name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]
+    volumeMounts:
+    - {name: slurm-config, mountPath: /mnt/slurm, readOnly: true}
+    - {name: slurm-key, mountPath: /mnt/slurm-key, readOnly: true}
+  volumes:
+  - {name: slurm-config, configMap: {name: slurm-config}}
+  - {name: slurm-key, secret: {secretName: slurm-auth-slurm, defaultMode: 0600}}
+EOF
+  kc -n "$SLINKY_NS" wait --for=condition=Ready "pod/$SLINKY_CTLD" --timeout=120s > /dev/null \
+    || { kc -n "$SLINKY_NS" describe pod "$SLINKY_CTLD" | tail -20; kc -n "$SLINKY_NS" logs "$SLINKY_CTLD" | tail -20; exit 1; }
+  wait_for 60 "slurmctld answers scontrol ping" ctld scontrol ping \
+    || { kc -n "$SLINKY_NS" logs "$SLINKY_CTLD" | tail -20; ctld tail -20 /var/log/slurm/slurmctld.log; exit 1; }
+  kc -n "$SLINKY_NS" get pod "$SLINKY_CTLD" -o jsonpath='{.status.podIP}' > "$ST/slinky-ctld-ip"
+}
+
+ctld() { kc -n "$SLINKY_NS" exec "$SLINKY_CTLD" -c slurmctld -- "$@"; }   # a command in the slurmctld container
+
+slinky_nodeset_up() {  # slinky_nodeset_up <controller IP>: the slurmd DaemonSet, Slinky's pod shape
+  kc apply -f - > /dev/null <<EOF
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: $SLINKY_NODESET, namespace: $SLINKY_NS}
+spec:
+  selector:
+    matchLabels: {app.kubernetes.io/name: slurmd, app.kubernetes.io/instance: $SLINKY_NODESET}
+  template:
+    metadata:
+      labels:
+        app.kubernetes.io/name: slurmd
+        app.kubernetes.io/instance: $SLINKY_NODESET
+        app.kubernetes.io/component: worker
+        slinky.slurm.net/cluster: slurm
+      annotations: {kubectl.kubernetes.io/default-container: slurmd}
+    spec:
+      # Slinky's DaemonSet mode names each pod's host after its node (the Slurm node name); a
+      # Kubernetes DaemonSet has one template, which on this one-node test bed can say it
+      hostname: $NODE
+      nodeSelector: {$PCI_LABEL: "true"}
+      automountServiceAccountToken: false
+      enableServiceLinks: false
+      terminationGracePeriodSeconds: 5
+      initContainers:
+      - name: logfile               # a native sidecar (musl-style static busybox, as Slinky's alpine)
+        image: localhost/busybox:1
+        imagePullPolicy: Never
+        restartPolicy: Always
+        command: ["/bin/sh", "-c", "touch /var/log/slurm/slurmd.log && exec tail -n +1 -F /var/log/slurm/slurmd.log"]
+        volumeMounts: [{name: slurm-logfile, mountPath: /var/log/slurm}]
+      containers:
+      - name: slurmd
+        image: localhost/slurmd:1
+        imagePullPolicy: Never
+        # (Slinky's supervisord keeps slurmd in the foreground: -D)
+        command:
+        - /bin/sh
+        - -c
+        - |
+          $SLINKY_NEED
+          need slurmd slurmstepd
+          mkdir -p /var/spool/slurmd
+          exec slurmd -D -Z --conf-server $1:6817 --conf 'Features=$SLINKY_NODESET'
+        ports: [{name: slurmd, containerPort: 6818}]
+        securityContext:
+          privileged: true
+          capabilities: {add: [BPF, NET_ADMIN, SYS_ADMIN, SYS_NICE]}
+        resources: {limits: {$RES: "4"}}
+        volumeMounts:
+        - {name: slurm-etc, mountPath: /etc/slurm, readOnly: true}
+        - {name: slurm-logfile, mountPath: /var/log/slurm}
+      volumes:
+      - name: slurm-etc
+        projected:
+          defaultMode: 0600
+          sources: [{secret: {name: slurm-auth-slurm, items: [{key: slurm.key, path: slurm.key}]}}]
+      - {name: slurm-logfile, emptyDir: {}}
+EOF
+}
+
+slinky_logs() {  # what helps when the Slinky step fails
+  echo "--- sinfo:"; ctld sinfo -N -o '%N %T %G %E' || true
+  echo "--- slurmd pods:"; kc -n "$SLINKY_NS" get pods -o wide || true
+  echo "--- slurmd (logfile sidecar):"; kc -n "$SLINKY_NS" logs "ds/$SLINKY_NODESET" -c logfile --tail=20 || true
+  echo "--- slurmd container:"; kc -n "$SLINKY_NS" logs "ds/$SLINKY_NODESET" -c slurmd --tail=10 || true
+  echo "--- slurmctld:"; ctld tail -20 /var/log/slurm/slurmctld.log || true
+}
+
+slinky_node_idle() { grep -qE "^$NODE idle " <<< "$(ctld sinfo -h -N -o '%N %T %G')"; }
+slinky_srun() { ctld timeout 60 srun -D / -N1 "$@"; }
+
+slinky_pod() {  # the slurmd pod's name
+  kc -n "$SLINKY_NS" get pods -l "app.kubernetes.io/name=slurmd,app.kubernetes.io/instance=$SLINKY_NODESET" -o jsonpath='{.items[0].metadata.name}'
+}
+
+slinky_injection() {  # slinky_injection <container>: "<mockgpu mounts> <LD_PRELOAD of PID 1> <nvidia devices>
+  # present|absent (/proc/driver/nvidia)", seen from inside
+  # shellcheck disable=SC2016 # expanded in the container
+  kc -n "$SLINKY_NS" exec "$(slinky_pod)" -c "$1" -- /bin/sh -c '
+    m=$(grep -cE " (/run/mockgpu|/etc/ld.so.preload) " /proc/1/mountinfo || true)
+    p=$(tr "\0" "\n" < /proc/1/environ | grep -c "^LD_PRELOAD=.*libmockfs" || true)
+    d=$(ls /dev | grep -c "^nvidia" || true)
+    if [ -e /proc/driver/nvidia ]; then n=present; else n=absent; fi
+    echo "$m $p $d $n"'
+}
+
+scenario_slinky_slurm() {  # Slinky's slurmctld + slurmd pods find the agent's GPUs; jobs get them
+  local t ip s m p d labelled=""
+  trap 'slinky_down > /dev/null 2>&1 || true' EXIT   # a failed step leaves the node as it found it too
+  # the controller labels GPU nodes; until it runs here, the step labels the node itself (and
+  # removes the label again)
+  if [ -z "$(kc get node "$NODE" -o jsonpath="{.metadata.labels.${PCI_LABEL//./\\.}}")" ]; then
+    kc label node "$NODE" "$PCI_LABEL=true" > /dev/null; labelled=1
+  fi
+  echo "$labelled" > "$ST/slinky-labelled"
+  echo "  slurm $(innode slurmd -V | awk '{print $2}'); cgroup.conf: $(slinky_cgroup_conf | tr '\n' ' ')(/sys/fs/cgroup is $(innode stat -fc %T /sys/fs/cgroup))"
+  t=$(date +%s%N); slinky_controller_up; ip=$(cat "$ST/slinky-ctld-ip")
+  timing slinky-slurmctld-ready "$(ms "$t") ms"
+  s=$(ctld sh -c 'readlink -f /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/slurmstepd | tr "\n" " "; id slurm')
+  echo "  slurmctld at $ip; $s"
+  [[ $s == *"uid=$SLURM_UID(slurm) gid=$SLURM_UID(slurm)"* ]] || fail "the slurmd image's slurm user is not $SLURM_UID:$SLURM_UID: $s"
+  [ "$(ctld stat -c %u /etc/slurm/slurm.key)" = "$SLURM_UID" ] || fail "slurm.key in slurmctld is not owned by slurm ($SLURM_UID)"
+  t=$(date +%s%N); slinky_nodeset_up "$ip"
+  kc -n "$SLINKY_NS" rollout status "ds/$SLINKY_NODESET" --timeout=120s > /dev/null \
+    || { kc -n "$SLINKY_NS" describe pods -l app.kubernetes.io/name=slurmd | tail -30; slinky_logs; exit 1; }
+  wait_for 60 "slurmd $NODE idle in sinfo" slinky_node_idle || { slinky_logs; exit 1; }
+  timing slinky-slurmd-idle "$(ms "$t") ms"
+  local sockets; sockets=$(gres_sockets); [ -n "$sockets" ] || fail "no socket found for the served GPUs"
+  s=$(ctld sinfo -h -N -o '%N %T %G'); echo "  sinfo -N -o '%N %T %G': $s"
+  [ "$s" = "$NODE idle gpu:nvidia_gb300:4(S:$sockets)" ] || { slinky_logs; fail "want '$NODE idle gpu:nvidia_gb300:4(S:$sockets)'"; }
+  s=$(slinky_srun --gres=gpu:2 env | grep '^CUDA_VISIBLE_DEVICES=') || { slinky_logs; fail "srun -N1 --gres=gpu:2 env"; }
+  echo "  srun -N1 --gres=gpu:2 env: $s"
+  [ "$s" = CUDA_VISIBLE_DEVICES=0,1 ] || fail "want CUDA_VISIBLE_DEVICES=0,1"
+  s=$(slinky_srun ls /proc/driver/nvidia/gpus) || { slinky_logs; fail "srun ls /proc/driver/nvidia/gpus"; }
+  echo "  job: ls /proc/driver/nvidia/gpus: $(tr '\n' ' ' <<< "$s")"
+  [ "$(grep -cE '^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$' <<< "$s")" = 4 ] || fail "the job does not see 4 GPUs"
+  # the slurmd container is injected (mockgpu mounts, the shim, GPU devices), its sidecar is not
+  local inj side; inj=$(slinky_injection slurmd); side=$(slinky_injection logfile)
+  echo "  mockgpu mounts, LD_PRELOAD, /dev/nvidia*, /proc/driver/nvidia: slurmd $inj; logfile sidecar $side"
+  read -r m p d _ <<< "$inj"
+  if [ "$m" -lt 2 ] || [ "$p" != 1 ] || [ "$d" -lt 4 ]; then fail "the slurmd container is not injected ($inj)"; fi
+  [ "$side" = "0 0 0 absent" ] || fail "the logfile sidecar got an injection: mounts, LD_PRELOAD, devices, /proc/driver/nvidia = $side"
+  slinky_down; trap - EXIT
+}
+
+slinky_down() {  # the namespace and its pods gone, the label removed if the step set it
+  kc delete namespace "$SLINKY_NS" --timeout=90s > /dev/null || fail "namespace $SLINKY_NS was not deleted"
+  [ "$(cat "$ST/slinky-labelled" 2>/dev/null)" != 1 ] || kc label node "$NODE" "$PCI_LABEL-" > /dev/null || fail "the label $PCI_LABEL was not removed"
+  rm -f "$ST/slinky-labelled" "$ST/slinky-ctld-ip"
 }
 
 run_cluster_scenarios() {
@@ -886,6 +1131,8 @@ run_cluster_scenarios() {
   step controller-failover scenario_controller_failover
   step controller-apiserver-restart scenario_controller_apiserver_restart
   step controller-gpunode-deleted scenario_controller_gpunode_deleted
+  if slinky_supported; then step slinky-slurm scenario_slinky_slurm
+  else log "slinky-slurm: left out: the node root has Slurm $(innode slurmd -V | awk '{print $2}'), Slinky's operator supports 25.11 and later (SUITE=sid has 26.05)"; fi
 }
 
 cluster_down() {  # (phase_down, first) the kubelet before the runtime, so that it restarts nothing

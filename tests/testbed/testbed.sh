@@ -46,6 +46,7 @@ AGENT_ARGS=${AGENT_ARGS:-}
 LAT_N=${LAT_N:-20}
 AGENT_RESTART_PAUSE=${AGENT_RESTART_PAUSE:-0}   # seconds between SIGKILL and the new agent
 NODE=node0                         # Slurm node name == mockgpu node name
+SLURM_UID=401                      # uid and gid of `slurm` in the slurmd image, as in Slinky's images
 # every pod cgroup lives below this (mgtb-cri --cgroup-parent; the kubelet's cgroupRoot); two test
 # beds running at once need two of them, since teardown kills whatever is below it
 if [ "$CLUSTER" = 1 ]; then CGROUP_PARENT=${CGROUP_PARENT:-/mgk8s$SFX}; else CGROUP_PARENT=${CGROUP_PARENT:-/mgtb$SFX}; fi
@@ -187,7 +188,7 @@ oci_index_entry() {  # oci_index_entry <name> <manifest sha> <size>: an index.js
 }
 
 build_images() {  # one OCI archive: localhost/pause:1 = localhost/busybox:1 (busybox-static), localhost/slurmd:1
-  local key; key="$(cat "$TB/rootfs.key")-$(declare -f build_images oci_manifest oci_index_entry | sha256sum | cut -c1-8)"
+  local key; key="$(cat "$TB/rootfs.key")-$SLURM_UID-$(declare -f build_images oci_manifest oci_index_entry | sha256sum | cut -c1-8)"
   if [ -s "$TB/images/all.tar" ] && [ "$(cat "$TB/images/key" 2>/dev/null)" = "$key" ]; then return 0; fi
   log "bootstrap: assembling OCI images"
   local t W=$TB/images/work bsha bsize ssha ssize TAR=(tar --numeric-owner --sort=name --mtime=2024-01-01)
@@ -198,12 +199,24 @@ build_images() {  # one OCI archive: localhost/pause:1 = localhost/busybox:1 (bu
   echo 'root:x:0:0:root:/root:/bin/sh' > "$W/layer/etc/passwd"; echo 'root:x:0:' > "$W/layer/etc/group"; chmod 1777 "$W/layer/tmp"
   "${TAR[@]}" --owner=0 --group=0 -C "$W/layer" -cf "$W/busybox.tar" .
   read -r bsha bsize < <(oci_manifest "$W/oci" '{"Env":["PATH=/bin"],"Cmd":["/bin/sleep","inf"],"WorkingDir":"/"}' "$W/busybox.tar")
-  # slurmd image: the node rootfs minus the container runtime, apt state and anything mounted
-  "${TAR[@]}" -C "$R" -cf "$W/slurmd.tar" \
+  # slurmd image: the node rootfs minus the container runtime, apt state and anything mounted.
+  # Debian's package makes `slurm` uid/gid 64030 (its static id); Slinky's images and operator use
+  # 401 (files it owns, SlurmUser's processes): the image renumbers the user, its group and its files
+  local su sg; su=$(awk -F: '$1 == "slurm" {print $3}' "$R/etc/passwd"); sg=$(awk -F: '$1 == "slurm" {print $3}' "$R/etc/group")
+  if [ -z "$su" ] || [ -z "$sg" ]; then fail "the node root has no slurm user or group (from the slurm packages)"; fi
+  ! awk -F: -v id="$SLURM_UID" '$1 != "slurm" && $3 == id {f = 1} END {exit !f}' "$R/etc/passwd" "$R/etc/group" \
+    || fail "uid or gid $SLURM_UID is taken in the node root; the slurmd image cannot give it to slurm"
+  mkdir -p "$W/ids/etc"
+  awk -F: -v OFS=: -v id="$SLURM_UID" '$1 == "slurm" {$3 = id; $4 = id} 1' "$R/etc/passwd" > "$W/ids/etc/passwd"
+  awk -F: -v OFS=: -v id="$SLURM_UID" '$1 == "slurm" {$3 = id} 1' "$R/etc/group" > "$W/ids/etc/group"
+  echo "+$su +$SLURM_UID" > "$W/ids.uid"; echo "+$sg +$SLURM_UID" > "$W/ids.gid"
+  "${TAR[@]}" -C "$R" -cf "$W/slurmd.tar" --owner-map="$W/ids.uid" --group-map="$W/ids.gid" \
+    --exclude=./etc/passwd --exclude=./etc/group \
     --exclude=./proc/* --exclude=./sys/* --exclude=./dev/* --exclude=./run/* --exclude=./tmp/* \
     --exclude=./var/lib/containerd --exclude=./var/lib/mgtb --exclude=./var/cache/apt/* --exclude=./var/lib/apt/lists/* \
     --exclude=./var/log/* --exclude=./usr/bin/containerd* --exclude=./usr/bin/ctr --exclude=./usr/sbin/runc \
     --exclude=./etc/containerd --exclude=./etc/slurm/* --exclude=./opt/* --exclude=./.oldroot --exclude=./usr/local/* .
+  "${TAR[@]}" -C "$W/ids" -rf "$W/slurmd.tar" ./etc/passwd ./etc/group
   local lsize; lsize=$(stat -c %s "$W/slurmd.tar")
   # the base layer of the product images too (build_product_images): kept, with its digest
   sha256sum "$W/slurmd.tar" | cut -d' ' -f1 > "$TB/images/base.sha"
