@@ -602,8 +602,11 @@ EOF
 }
 
 scenario_gpunode_setup() {  # the CRD, the agent's service account and RBAC; the agent restarted with them
-  # the agent so far had no credentials: it said so once and reported nothing
-  local n; n=$(grep -c 'no Kubernetes API server configured: not reporting' "$LOGS/agent.log" || true)
+  # the agent so far had no credentials: it said so once (the log is kept across runs: count from
+  # the start before the one of this agent, which logs the line just before it listens)
+  local prev n
+  prev=$(grep -n 'health endpoint listening' "$LOGS/agent.log" | tail -2 | head -n -1 | cut -d: -f1)
+  n=$(tail -n +"$(( ${prev:-0} + 1 ))" "$LOGS/agent.log" | grep -c 'no Kubernetes API server configured: not reporting' || true)
   [ "$n" = 1 ] || fail "the agent without credentials logged 'not reporting' $n times, want once"
   # the GPU pods of the earlier steps gone, HELD counts only this test's pods
   if ! kc wait --for=delete "namespace/$GPU_NS" --timeout=90s > /dev/null 2>&1; then
@@ -706,11 +709,11 @@ scenario_gpunode_topology() {  # a profile change: a new topologyHash and topolo
 }
 
 scenario_gpunode_recreated() {  # deleted, it comes back on the next heartbeat
-  local u0 t; u0=$(gn '{.metadata.uid}')
+  local u0 t na; u0=$(gn '{.metadata.uid}'); na=$(wc -l < "$LOGS/agent.log")
   kc delete gpunode "$NODE" > /dev/null; t=$(date +%s%N)
   wait_for 15 "a new GpuNode $NODE" gn_uid_not "$u0" || fail "GpuNode $NODE not recreated within 15 s"
   timing gpunode-recreated "$(ms "$t") ms"
-  grep -q 'GpuNode recreated' "$LOGS/agent.log" || fail "the agent did not log the recreation"
+  log_since "$LOGS/agent.log" "$na" 'GpuNode recreated' || fail "the agent did not log the recreation"
   echo "  uid $u0 -> $(gn '{.metadata.uid}'), Ready $(gn '{.status.conditions[?(@.type=="Ready")].status}')"
 }
 
