@@ -10,6 +10,7 @@ pub mod mounts;
 pub mod output;
 pub mod real;
 pub mod render;
+pub mod report;
 pub mod serve;
 pub mod shim;
 pub mod sys;

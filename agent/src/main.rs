@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use mockgpu_agent::output;
 use mockgpu_agent::serve::{self, ProfileSource, ServeConfig};
 use mockgpu_agent::tree::Tree;
@@ -28,8 +28,8 @@ enum Command {
     /// Run one command as if this machine had the profile's GPUs (FUSE + the shim), e.g.
     /// `exec -- slurmd -C` or `exec -- lspci -d 10de:`.
     Exec(ExecArgs),
-    /// Check this node (mode, FUSE tree, shim, mount propagation, NRI, Slurm) and say what is
-    /// wrong and how to fix it; exit status 1 when a check fails.
+    /// Check this node (mode, FUSE tree, shim, mount propagation, NRI, device plugin, GpuNode,
+    /// Slurm) and say what is wrong and how to fix it; exit status 1 when a check fails.
     Doctor(DoctorArgs),
 }
 
@@ -62,6 +62,17 @@ struct DoctorArgs {
     /// Where procfs is mounted (read for a real NVIDIA driver).
     #[arg(long, default_value = "/proc", hide = true)]
     procfs: PathBuf,
+    /// The kubelet's root directory (serve --kubelet-dir).
+    #[arg(long, env = "MOCKGPU_KUBELET_DIR", default_value = mockgpu_agent::device_plugin::DEFAULT_KUBELET_DIR)]
+    kubelet_dir: PathBuf,
+    /// The device plugin's resource name (serve --resource-name).
+    #[arg(long, env = "MOCKGPU_RESOURCE_NAME", default_value = mockgpu_agent::device_plugin::DEFAULT_RESOURCE)]
+    resource_name: String,
+    /// The node's name in Kubernetes [default: this host's name].
+    #[arg(long, env = "MOCKGPU_NODE_NAME")]
+    node_name: Option<String>,
+    #[command(flatten)]
+    api: ApiArgs,
 }
 
 #[derive(Args)]
@@ -143,6 +154,47 @@ struct ServeArgs {
     /// The kubelet's root directory (its device-plugins/ holds the registration socket).
     #[arg(long, env = "MOCKGPU_KUBELET_DIR", default_value = mockgpu_agent::device_plugin::DEFAULT_KUBELET_DIR)]
     kubelet_dir: PathBuf,
+    /// Report this node's GpuNode to the API server: auto (when in a cluster or a kubeconfig is
+    /// present) or off.
+    #[arg(long, env = "MOCKGPU_REPORT", value_enum, default_value_t = Report::Auto)]
+    report: Report,
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+/// Whether `serve` reports its GpuNode.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Report {
+    /// When the pod's service account, KUBECONFIG, ~/.kube/config or --kubeconfig names an API
+    /// server.
+    Auto,
+    /// Never.
+    Off,
+}
+
+/// The API server and the GpuNode's heartbeat (serve's reporter, doctor's cluster checks).
+#[derive(Args)]
+struct ApiArgs {
+    /// A kubeconfig file for the API server [default: the pod's service account, KUBECONFIG or
+    /// ~/.kube/config].
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Seconds between the GpuNode's heartbeats (each jittered by a tenth).
+    #[arg(long, env = "MOCKGPU_HEARTBEAT", default_value_t = 30.0)]
+    heartbeat: f64,
+}
+
+impl ApiArgs {
+    fn heartbeat(&self) -> Result<std::time::Duration> {
+        if !(1.0..=3600.0).contains(&self.heartbeat) {
+            anyhow::bail!("--heartbeat must be between 1 and 3600 seconds");
+        }
+        Ok(std::time::Duration::from_secs_f64(self.heartbeat))
+    }
+
+    fn credentials(&self) -> Option<mockgpu_agent::report::Credentials> {
+        mockgpu_agent::report::credentials_from_env(self.kubeconfig.as_deref())
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -230,6 +282,11 @@ fn doctor(args: DoctorArgs) -> Result<bool> {
         slurm_conf: args.slurm_conf,
         procfs: args.procfs,
         sysfs: args.sysfs,
+        kubelet_dir: args.kubelet_dir,
+        resource_name: args.resource_name,
+        node_name: or_hostname(args.node_name)?,
+        heartbeat: args.api.heartbeat()?,
+        credentials: args.api.credentials(),
     };
     let checks = doctor::run(&doctor::Live, &opts);
     // Written, not printed: a closed pipe (`doctor | head`) is an error, not a panic.
@@ -281,9 +338,23 @@ fn serve(args: ServeArgs) -> Result<()> {
             )
         })
         .transpose()?;
+    let node_name = node_name(&args.profile)?;
+    let heartbeat = args.api.heartbeat()?;
+    let report = match (args.report, args.api.credentials()) {
+        (Report::Off, _) => None,
+        (Report::Auto, None) => {
+            tracing::info!("no Kubernetes API server configured: not reporting");
+            None
+        }
+        (Report::Auto, Some(credentials)) => Some(mockgpu_agent::report::Config {
+            node_name: node_name.clone(),
+            heartbeat,
+            credentials,
+        }),
+    };
     let cfg = ServeConfig {
         profile: profile_source(&args.profile),
-        node_name: node_name(&args.profile)?,
+        node_name,
         sysfs: args.profile.sysfs.clone(),
         procfs: args.profile.procfs.clone(),
         layout,
@@ -291,6 +362,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         reload_interval: std::time::Duration::from_secs_f64(args.reload_interval),
         nri,
         device_plugin,
+        report,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -309,8 +381,13 @@ fn serve(args: ServeArgs) -> Result<()> {
 }
 
 fn node_name(args: &ProfileArgs) -> Result<String> {
-    Ok(match &args.node_name {
-        Some(n) => n.clone(),
+    or_hostname(args.node_name.clone())
+}
+
+/// `name`, else this host's name.
+fn or_hostname(name: Option<String>) -> Result<String> {
+    Ok(match name {
+        Some(n) => n,
         None => nix::unistd::gethostname()?.to_string_lossy().into_owned(),
     })
 }

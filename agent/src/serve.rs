@@ -24,7 +24,7 @@ use prometheus_client::metrics::{counter::ConstCounter, gauge::ConstGauge};
 use crate::fs::{Mounted, TreeHandle};
 use crate::host::{HostError, SysfsHost};
 use crate::tree::Tree;
-use crate::{device_plugin, mounts, real, render, shim};
+use crate::{device_plugin, mounts, real, render, report, shim};
 
 /// Largest profile file accepted (real ones are well under 4 KiB).
 pub const MAX_PROFILE_BYTES: u64 = 1 << 20;
@@ -200,6 +200,8 @@ pub struct ServeConfig {
     pub nri: Option<mockgpu_nri::Config>,
     /// The kubelet device plugin's settings, when enabled.
     pub device_plugin: Option<device_plugin::Config>,
+    /// The GpuNode reporter's settings, when an API server is configured.
+    pub report: Option<report::Config>,
 }
 
 /// The agent's live state, shared by the reload loop, the NRI plugin and the health endpoint.
@@ -435,6 +437,10 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
 
     if let Some(gpus) = real_gpus {
         state.real_gpus.store(gpus.len() as u64, Ordering::Relaxed);
+        let reporter = cfg.report.clone().map(|r| {
+            let served = tokio::sync::watch::channel(Some(report::RealGpus(gpus.clone()))).1;
+            report::start(r, served, None, stopped(stop_rx.clone()))
+        });
         for g in &gpus {
             tracing::info!(bus_id = %g.gpu.bus_id, model = %g.information.model, uuid = %g.gpu.uuid, minor = g.gpu.minor, cpus = %g.gpu.cpus.to_list(), "real GPU");
         }
@@ -447,17 +453,27 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         }
         shutdown.await;
         let _ = stop_tx.send(true);
+        if let Some(r) = reporter {
+            let _ = r.await;
+        }
         let _ = health_task.await;
         return Ok(());
     }
 
+    // The reporter follows the published topology and the pinning events the log passes on.
+    let (report_tx, report_rx) = tokio::sync::mpsc::unbounded_channel::<PinningEvent>();
     if let Some(mut rx) = pinning_rx {
         tokio::spawn(async move {
             while let Some(event) = rx.recv().await {
                 log_pinning(&event);
+                let _ = report_tx.send(event);
             }
         });
     }
+    let reporter = cfg.report.clone().map(|r| {
+        let served = state.published.subscribe();
+        report::start(r, served, Some(report_rx), stopped(stop_rx.clone()))
+    });
     // The plugin connects at once: until the tree is mounted it refuses GPU containers with a
     // message (or lets them through without the mock, with fail_open).
     let nri_task = plugin.map(|plugin| {
@@ -517,6 +533,9 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     };
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
+    if let Some(r) = reporter {
+        let _ = r.await;
+    }
     drop(reload_stop);
     let device_plugin_result = match (device_plugin_result, device_plugin_task) {
         (Some(result), _) => Some(result),

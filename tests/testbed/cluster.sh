@@ -863,6 +863,9 @@ scenario_controller_gpunode_deleted() {  # no GpuNode: our labels go, the node's
   [ -z "$(ctl_holder)" ] || fail "the lease is still held by '$(ctl_holder)' after both replicas stopped"
   kc delete node "$CTL_NODE" > /dev/null
   echo "  labels removed, kubernetes.io/hostname kept; both replicas stopped, the lease released"
+}
+
+# ---------------------------------------------------------------------------------------------
 # Slurm the way Slinky runs it: a slurmctld pod in configless mode and a slurmd DaemonSet of
 # Slinky's pod shape, from the slurmd image (Debian's Slurm). Nothing here knows who serves the
 # agent (a host process today, the chart's DaemonSet later): only the node, its label and its
@@ -1110,6 +1113,165 @@ slinky_down() {  # the namespace and its pods gone, the label removed if the ste
   rm -f "$ST/slinky-labelled" "$ST/slinky-ctld-ip"
 }
 
+# ---------------------------------------------------------------------------------------------
+# the agent's GpuNode report against the real API server, with the agent's own credentials
+
+AGENT_SA=mockgpu-agent                     # the agent's service account ...
+AGENT_SA_NS=mockgpu-system                 # ... in this namespace
+AGENT_KCFG=$KN/mockgpu-agent.kubeconfig    # node path of its kubeconfig (a bound token)
+AGENT_USER=system:serviceaccount:$AGENT_SA_NS:$AGENT_SA
+# the test bed's reporting agent: its kubeconfig, and a short heartbeat
+REPORT_ARGS="--kubeconfig $AGENT_KCFG --heartbeat 3"
+gn() { kc get gpunode "$NODE" -o jsonpath="$1"; }   # gn <jsonpath>: of the node's GpuNode
+gn_ready() { [ "$(gn '{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
+gn_held_is() { [ "$(gn '{.status.heldGpus}')" = "$1" ]; }
+gn_gpus_is() { [ "$(gn '{.spec.gpuCount}')" = "$1" ]; }
+gn_uid_not() { local u; u=$(gn '{.metadata.uid}') && [ -n "$u" ] && [ "$u" != "$1" ] && gn_ready; }
+gn_beat_after() { [[ "$(gn '{.status.lastHeartbeat}')" > "$1" ]]; }
+# kubectl as the agent: its token, its RBAC
+kc_agent() { nsenter -t "$(nodepid)" -n -- "$KUBECTL" --kubeconfig "$R$AGENT_KCFG" --request-timeout=30s "$@"; }
+
+agent_kubeconfig() {  # agent_kubeconfig <token>: the agent's kubeconfig, at $R$AGENT_KCFG
+  cat > "$R$AGENT_KCFG" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: mgtb
+  cluster: {server: "https://127.0.0.1:6443", certificate-authority-data: "$(base64 -w0 "$R$KN/pki/ca.crt")"}
+users:
+- name: $AGENT_SA
+  user: {token: "$1"}
+contexts:
+- name: mgtb
+  context: {cluster: mgtb, user: $AGENT_SA}
+current-context: mgtb
+EOF
+  chmod 600 "$R$AGENT_KCFG"
+}
+
+scenario_gpunode_setup() {  # the CRD, the agent's service account and RBAC; the agent restarted with them
+  # the agent so far had no credentials: it said so once (the log is kept across runs: count from
+  # the start before the one of this agent, which logs the line just before it listens)
+  local prev n
+  prev=$(grep -n 'health endpoint listening' "$LOGS/agent.log" | tail -2 | head -n -1 | cut -d: -f1)
+  n=$(tail -n +"$(( ${prev:-0} + 1 ))" "$LOGS/agent.log" | grep -c 'no Kubernetes API server configured: not reporting' || true)
+  [ "$n" = 1 ] || fail "the agent without credentials logged 'not reporting' $n times, want once"
+  # the GPU pods of the earlier steps gone, HELD counts only this test's pods
+  if ! kc wait --for=delete "namespace/$GPU_NS" --timeout=90s > /dev/null 2>&1; then
+    ! kc get namespace "$GPU_NS" > /dev/null 2>&1 || fail "namespace $GPU_NS still there 90 s after its deletion"
+  fi
+  kc apply -f "$REPO/charts/mockgpu/crds/gpunodes.mockgpu.io.yaml" > /dev/null
+  kc wait --for=condition=Established crd/gpunodes.mockgpu.io --timeout=60s > /dev/null
+  kc apply -f - > /dev/null <<EOF
+apiVersion: v1
+kind: Namespace
+metadata: {name: $AGENT_SA_NS}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: $AGENT_SA, namespace: $AGENT_SA_NS}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: $AGENT_SA}
+rules:
+- {apiGroups: [mockgpu.io], resources: [gpunodes], verbs: [get, create, patch, update]}
+- {apiGroups: [mockgpu.io], resources: [gpunodes/status], verbs: [get, patch, update]}
+- {apiGroups: [""], resources: [nodes], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: $AGENT_SA}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: $AGENT_SA}
+subjects:
+- {kind: ServiceAccount, name: $AGENT_SA, namespace: $AGENT_SA_NS}
+EOF
+  local token; token=$(kc -n "$AGENT_SA_NS" create token "$AGENT_SA" --duration=2h)
+  agent_kubeconfig "$token"
+  # real RBAC: the token may read its node and write GpuNodes, nothing else
+  wait_for 30 "the agent's token may get node $NODE" kc_agent get node "$NODE"
+  local out
+  if out=$(kc_agent get pods -A 2>&1); then fail "the agent's token lists pods: $out"; fi
+  grep -q Forbidden <<< "$out" || fail "listing pods as the agent: $out"
+  if out=$(kc_agent delete gpunode nothing-here 2>&1); then fail "the agent's token deletes GpuNodes: $out"; fi
+  grep -q Forbidden <<< "$out" || fail "deleting a GpuNode as the agent: $out"
+  echo "  CRD gpunodes.mockgpu.io established; $AGENT_USER may get nodes and write gpunodes; listing pods, deleting gpunodes: Forbidden"
+  stop_kinds TERM agent
+  local n0 t; n0=$(nri_lines); t=$(date +%s%N)
+  AGENT_ARGS="$AGENT_ARGS $REPORT_ARGS" start_agent
+  wait_for 30 "agent ready with credentials" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
+  timing agent-ready-reporting "$(ms "$t") ms"
+  wait_for 60 "allocatable $RES = 4 again" allocatable_is 4 || fail "allocatable $RES is '$(allocatable)' after the agent restart"
+}
+
+scenario_gpunode_reported() {  # SSA by mockgpu-agent, owned by the Node, its columns; doctor agrees
+  local t; t=$(date +%s%N)
+  wait_for 30 "GpuNode $NODE Ready" gn_ready || { grep -i gpunode "$LOGS/agent.log" | tail -5; fail "no Ready GpuNode $NODE"; }
+  timing gpunode-ready "$(ms "$t") ms after the agent's restart"
+  local managers owner uid
+  managers=$(gn '{range .metadata.managedFields[*]}{.manager}/{.operation}/{.subresource} {end}')
+  [[ " $managers " == *" mockgpu-agent/Apply/ "* ]] && [[ " $managers " == *" mockgpu-agent/Apply/status "* ]] \
+    || fail "managedFields: '$managers', want mockgpu-agent's Apply of the object and of its status"
+  owner=$(gn '{.metadata.ownerReferences[0].apiVersion}/{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}/{.metadata.ownerReferences[0].uid}')
+  uid=$(kc get node "$NODE" -o jsonpath='{.metadata.uid}')
+  [ "$owner" = "v1/Node/$NODE/$uid" ] || fail "ownerReference '$owner', want v1/Node/$NODE/$uid"
+  local table row; table=$(kc get gpunodes)
+  sed 's/^/  /' <<< "$table"
+  [ "$(head -1 <<< "$table" | awk '{$1 = $1; print}')" = "NAME MODE PROFILE GPUS HELD READY AGE" ] || fail "columns: $(head -1 <<< "$table")"
+  row=$(awk -v n="$NODE" '$1 == n {print $2, $3, $4, $5, $6}' <<< "$table")
+  [ "$row" = "mock $GPU_PROFILE 4 0 True" ] || fail "GpuNode row '$row', want 'mock $GPU_PROFILE 4 0 True'"
+  echo "  managedFields: $managers; owner: $owner"
+  # doctor with the agent's credentials: the kubelet's registration, the node's allocatable, the GpuNode
+  local doc c; doc=$(innode /opt/mockgpu/mockgpu-agent doctor --kubeconfig "$AGENT_KCFG" --node-name "$NODE" \
+    --heartbeat 3 --nri-socket /run/nri/nri.sock 2>&1) || true
+  for c in device-plugin allocatable gpunode; do
+    grep -q "^ok   $c: " <<< "$doc" || fail "doctor's $c check: $(grep " $c: " <<< "$doc" || echo "$doc")"
+    echo "  doctor: $(grep "^ok   $c: " <<< "$doc")"
+  done
+}
+
+scenario_gpunode_held() {  # the dp pod's 2 GPUs: HELD 2, and its pinning
+  local t; t=$(date +%s%N)
+  wait_for 15 "GpuNode HELD 2" gn_held_is 2 || fail "heldGpus is '$(gn '{.status.heldGpus}')', want 2"
+  timing gpunode-held "$(ms "$t") ms after the pod was checked"
+  local pin vis uid
+  pin=$(gn '{range .status.pinning[*]}{.namespace}/{.pod}/{.podUid}/{.container}/{.gpus[*]}{"\n"}{end}')
+  vis=$(kc -n "$DP_NS" exec gpu-2 -- sh -c 'echo "$NVIDIA_VISIBLE_DEVICES"' | tr ',' ' ')
+  uid=$(kc -n "$DP_NS" get pod gpu-2 -o jsonpath='{.metadata.uid}')
+  grep -qx "$DP_NS/gpu-2/$uid/c/$vis" <<< "$pin" || fail "pinning '$pin' does not list $DP_NS/gpu-2/$uid/c/$vis"
+  echo "  HELD $(gn '{.status.heldGpus}'); pinning: $(tr '\n' ' ' <<< "$pin")"
+}
+
+scenario_gpunode_topology() {  # a profile change: a new topologyHash and topologySince
+  local h0 s0 h1 s1 t; h0=$(gn '{.spec.topologyHash}'); s0=$(gn '{.status.topologySince}')
+  t=$(date +%s%N); write_profile 2
+  wait_for 30 "GpuNode with 2 GPUs" gn_gpus_is 2 || fail "gpuCount is '$(gn '{.spec.gpuCount}')' after the change to 2 GPUs"
+  timing gpunode-topology "$(ms "$t") ms to gpuCount 2"
+  h1=$(gn '{.spec.topologyHash}'); s1=$(gn '{.status.topologySince}')
+  [ "$h1" != "$h0" ] || fail "topologyHash unchanged ($h0)"
+  [[ "$s1" > "$s0" ]] || fail "topologySince $s1 is not after $s0"
+  echo "  topologyHash $h0 -> $h1; topologySince $s0 -> $s1"
+  write_profile 4
+  wait_for 30 "GpuNode with 4 GPUs" gn_gpus_is 4 || fail "gpuCount is '$(gn '{.spec.gpuCount}')' after the change back"
+  [ "$(gn '{.spec.topologyHash}')" = "$h0" ] || fail "topologyHash $(gn '{.spec.topologyHash}') after the change back, want $h0"
+}
+
+scenario_gpunode_recreated() {  # deleted, it comes back on the next heartbeat
+  local u0 t na; u0=$(gn '{.metadata.uid}'); na=$(wc -l < "$LOGS/agent.log")
+  kc delete gpunode "$NODE" > /dev/null; t=$(date +%s%N)
+  wait_for 15 "a new GpuNode $NODE" gn_uid_not "$u0" || fail "GpuNode $NODE not recreated within 15 s"
+  timing gpunode-recreated "$(ms "$t") ms"
+  log_since "$LOGS/agent.log" "$na" 'GpuNode recreated' || fail "the agent did not log the recreation"
+  echo "  uid $u0 -> $(gn '{.metadata.uid}'), Ready $(gn '{.status.conditions[?(@.type=="Ready")].status}')"
+}
+
+scenario_gpunode_heartbeat() {  # lastHeartbeat advances (--heartbeat 3)
+  local b0 t; b0=$(gn '{.status.lastHeartbeat}'); t=$(date +%s%N)
+  wait_for 15 "a lastHeartbeat after $b0" gn_beat_after "$b0" || fail "lastHeartbeat stayed $b0 for 15 s"
+  timing gpunode-heartbeat "$(ms "$t") ms"
+  echo "  lastHeartbeat $b0 -> $(gn '{.status.lastHeartbeat}') (agent $(gn '{.status.agentVersion}'))"
+}
+
 run_cluster_scenarios() {
   step node-ready scenario_node_ready
   step pod-daemonset-exec scenario_workloads
@@ -1120,10 +1282,16 @@ run_cluster_scenarios() {
   step device-plugin-socket scenario_device_plugin_socket
   step gpu-pod-injected scenario_gpu_pod
   step dp-registered scenario_dp_registered
+  step gpunode-setup scenario_gpunode_setup
+  step gpunode-reported scenario_gpunode_reported
   step dp-pod-2-gpus scenario_dp_pod
+  step gpunode-held scenario_gpunode_held
   step dp-pod-5-pending scenario_dp_too_many
   step dp-failed-gpu scenario_dp_failed_gpu
   step dp-kubelet-restart scenario_dp_kubelet_restart
+  step gpunode-topology scenario_gpunode_topology
+  step gpunode-recreated scenario_gpunode_recreated
+  step gpunode-heartbeat scenario_gpunode_heartbeat
   step controller-rbac scenario_controller_rbac
   step controller-leader scenario_controller_leader
   step controller-labels scenario_controller_labels

@@ -3,9 +3,9 @@
 //!
 //! Each check is a function of the options and of what it asks a [`Node`] (every host call goes
 //! through it; facts several checks share are gathered once) and returns a [`Check`]; [`run`]
-//! lists them in order. A later check (the device plugin's
-//! registration, the GpuNode report) is one more function and one more line in [`run`].
+//! lists them in order; the Kubernetes side's checks are in `cluster`.
 
+mod cluster;
 mod node;
 
 use std::fmt;
@@ -16,7 +16,10 @@ use std::path::{Path, PathBuf};
 use mockgpu_api::Layout;
 use serde::Serialize;
 
-pub use node::{HttpReply, Live, Node, PRELOAD_PROGRAM, Preloaded, RealDriver};
+use crate::report::Credentials;
+
+pub use cluster::FRESH_HEARTBEATS;
+pub use node::{ClusterView, HttpReply, Live, Node, PRELOAD_PROGRAM, Preloaded, RealDriver};
 
 use crate::mounts::{PROBE, unescape};
 
@@ -37,6 +40,16 @@ pub struct Options {
     pub procfs: PathBuf,
     /// Where sysfs is mounted (for a real NVIDIA driver).
     pub sysfs: PathBuf,
+    /// The kubelet's root directory (its `device-plugins/`).
+    pub kubelet_dir: PathBuf,
+    /// The device plugin's resource (`nvidia.com/gpu`).
+    pub resource_name: String,
+    /// The node's name in Kubernetes (the GpuNode's too).
+    pub node_name: String,
+    /// The agent's heartbeat period.
+    pub heartbeat: std::time::Duration,
+    /// The API server, when one is configured.
+    pub credentials: Option<Credentials>,
 }
 
 /// The outcome of one check.
@@ -126,6 +139,8 @@ struct Facts {
     nri_socket: PathBuf,
     /// Whether it is a socket.
     nri_socket_state: io::Result<bool>,
+    /// What the API server says, when one is configured.
+    cluster: Option<Result<ClusterView, String>>,
 }
 
 /// Reason given by the checks that only concern mock mode.
@@ -146,6 +161,10 @@ pub fn run<N: Node>(node: &N, opts: &Options) -> Vec<Check> {
         nri_socket_state: node.is_socket(&nri_socket),
         nri_socket,
         containerd,
+        cluster: opts
+            .credentials
+            .as_ref()
+            .map(|c| node.cluster(c, &opts.node_name)),
     };
     vec![
         mode(&real, opts),
@@ -156,6 +175,9 @@ pub fn run<N: Node>(node: &N, opts: &Options) -> Vec<Check> {
         nri_socket_check(&facts),
         nri_config(opts, &facts),
         nri_plugin(opts, &facts),
+        cluster::device_plugin(node, opts, &facts),
+        cluster::allocatable(opts, &facts),
+        cluster::gpunode(opts, &facts),
         slurm(node, &opts.slurm_conf),
     ]
 }

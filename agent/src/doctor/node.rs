@@ -1,6 +1,7 @@
 //! Every host call `doctor` makes, behind [`Node`]: [`Live`] makes them on this node, the unit
 //! tests' fake answers from tables.
 
+use std::collections::BTreeMap;
 use std::io::{self, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::FileTypeExt as _;
@@ -9,13 +10,19 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
+use mockgpu_api::gpunode::GpuNode;
 use mockgpu_nri::inventory::{read_gpus, real_driver_loaded};
 
+use crate::report::{Credentials, GpuNodes as _, Live as Api};
 use crate::sys::{Linux, Sys as _};
 
 /// How long one host call may take: a FUSE server that hangs, or an endpoint that accepts and
 /// never answers, must not hang the doctor.
 const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long the API server has to answer both reads.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The largest file or HTTP body read.
 const MAX_READ: u64 = 4 << 20;
@@ -71,6 +78,19 @@ pub trait Node {
     fn http_get(&self, addr: SocketAddr, path: &str) -> io::Result<HttpReply>;
     /// The NVIDIA driver's GPUs below `procfs` and `sysfs`.
     fn real_driver(&self, procfs: &Path, sysfs: &Path) -> RealDriver;
+    /// The Node `node` and its GpuNode, read from the API server `credentials` name.
+    fn cluster(&self, credentials: &Credentials, node: &str) -> Result<ClusterView, String>;
+}
+
+/// What the API server says of this node.
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    /// The Node's `status.allocatable`, or `None` when there is no such Node.
+    pub allocatable: Option<BTreeMap<String, String>>,
+    /// The node's GpuNode, if there is one.
+    pub gpunode: Option<GpuNode>,
+    /// When it was read.
+    pub now: Timestamp,
 }
 
 /// This node.
@@ -169,6 +189,38 @@ impl Node for Live {
             Ok(gpus) => RealDriver::Gpus(gpus.into_iter().map(|g| g.information.model).collect()),
             Err(e) => RealDriver::Unreadable(e.to_string()),
         }
+    }
+
+    fn cluster(&self, credentials: &Credentials, node: &str) -> Result<ClusterView, String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start an async runtime: {e}"))?;
+        let api = Api::new(credentials.clone());
+        let read = async {
+            let allocatable = api.node(node).await?.map(|n| {
+                n.status
+                    .and_then(|s| s.allocatable)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.0))
+                    .collect()
+            });
+            let gpunode = api.get(node).await?;
+            Ok(ClusterView {
+                allocatable,
+                gpunode,
+                now: Timestamp::now(),
+            })
+        };
+        runtime.block_on(async {
+            match tokio::time::timeout(API_TIMEOUT, read).await {
+                Ok(result) => result.map_err(|e: crate::report::ApiError| e.to_string()),
+                Err(_) => Err(format!(
+                    "the API server did not answer within {API_TIMEOUT:?}"
+                )),
+            }
+        })
     }
 }
 

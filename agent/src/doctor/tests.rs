@@ -1,11 +1,21 @@
 //! Each check's logic against a fake node: a healthy one, then one thing broken at a time.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use mockgpu_api::gpunode::{GpuNode, GpuNodeSpec, GpuNodeStatus, Mode};
 
 use super::*;
 
 const HEALTH: &str = "127.0.0.1:9464";
 const METRICS: &str = "mockgpu_gpus 4\nmockgpu_nri_connected 1\nmockgpu_nri_ready 1\nmockgpu_nri_registrations_total 1\n";
+/// The device plugin's part of the agent's metrics.
+const DP_METRICS: &str =
+    "mockgpu_device_plugin_registrations_total 1\nmockgpu_device_plugin_healthy_gpus 4\n";
+const KUBELET_SOCKET: &str = "/var/lib/kubelet/device-plugins/kubelet.sock";
+const DP_SOCKET: &str = "/var/lib/kubelet/device-plugins/mockgpu-nvidia.com_gpu.sock";
 
 /// A node that answers from tables; what is not in them does not exist (`ENOENT`).
 struct FakeNode {
@@ -17,6 +27,7 @@ struct FakeNode {
     preload: Preloaded,
     http: BTreeMap<&'static str, HttpReply>,
     real: RealDriver,
+    cluster: Result<ClusterView, String>,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -74,6 +85,11 @@ impl Node for FakeNode {
     fn real_driver(&self, _procfs: &Path, _sysfs: &Path) -> RealDriver {
         self.real.clone()
     }
+
+    fn cluster(&self, credentials: &Credentials, node: &str) -> Result<ClusterView, String> {
+        assert_eq!((credentials, node), (&Credentials::Infer, "node-0"));
+        self.cluster.clone()
+    }
 }
 
 fn opts() -> Options {
@@ -85,6 +101,50 @@ fn opts() -> Options {
         slurm_conf: "/etc/slurm/slurm.conf".into(),
         procfs: "/proc".into(),
         sysfs: "/sys".into(),
+        kubelet_dir: "/var/lib/kubelet".into(),
+        resource_name: "nvidia.com/gpu".into(),
+        node_name: "node-0".into(),
+        heartbeat: Duration::from_secs(30),
+        credentials: Some(Credentials::Infer),
+    }
+}
+
+const NOW: i64 = 1_800_000_000;
+
+/// A GpuNode reported `age` seconds before [`NOW`], with `Ready` `ready`.
+fn reported(age: i64, ready: &str) -> GpuNode {
+    let mut g = GpuNode::new(
+        "node-0",
+        GpuNodeSpec::new("node-0", Mode::Mock, "gb300", Vec::new()),
+    );
+    let at = Time(Timestamp::from_second(NOW - age).unwrap());
+    g.status = Some(GpuNodeStatus {
+        last_heartbeat: Some(at.clone()),
+        held_gpus: 2,
+        conditions: vec![Condition {
+            type_: "Ready".into(),
+            status: ready.into(),
+            reason: "TreeMounted".into(),
+            message: "mounted".into(),
+            last_transition_time: at,
+            observed_generation: None,
+        }],
+        ..Default::default()
+    });
+    g
+}
+
+fn view(allocatable: Option<&str>, gpunode: Option<GpuNode>) -> ClusterView {
+    ClusterView {
+        allocatable: Some(
+            allocatable
+                .map(|n| ("nvidia.com/gpu".to_string(), n.to_string()))
+                .into_iter()
+                .chain([("cpu".to_string(), "8".to_string())])
+                .collect(),
+        ),
+        gpunode,
+        now: Timestamp::from_second(NOW).unwrap(),
     }
 }
 
@@ -114,13 +174,22 @@ fn healthy() -> FakeNode {
             file("/etc/slurm/slurm.conf", "ClusterName=c\nGresTypes=gpu\n"),
         ]
         .into(),
-        sockets: vec!["/var/run/nri/nri.sock".into()],
+        sockets: vec![
+            "/var/run/nri/nri.sock".into(),
+            KUBELET_SOCKET.into(),
+            DP_SOCKET.into(),
+        ],
         preload: Preloaded {
             success: true,
             stderr: "mockfs: mock root /run/mockgpu/fs\nmockfs: prefix /proc/driver/nvidia\n".into(),
         },
-        http: [("/healthz", reply("ok\n")), ("/metrics", reply(METRICS))].into(),
+        http: [
+            ("/healthz", reply("ok\n")),
+            ("/metrics", reply(&format!("{METRICS}{DP_METRICS}"))),
+        ]
+        .into(),
         real: RealDriver::Absent,
+        cluster: Ok(view(Some("4"), Some(reported(5, "True")))),
     }
 }
 
@@ -155,7 +224,7 @@ fn only_fails(node: &FakeNode, name: &str, message: &str, fix: &str) -> Check {
 #[test]
 fn a_healthy_node_passes_every_check() {
     let checks = run(&healthy(), &opts());
-    assert_eq!(checks.len(), 9);
+    assert_eq!(checks.len(), 12);
     for c in &checks {
         assert_eq!(c.status, Status::Ok, "{c}");
         assert_eq!(c.fix, None);
@@ -344,7 +413,8 @@ fn mountinfo_names_are_unescaped() {
 #[test]
 fn the_nri_socket_must_exist_and_be_a_socket() {
     let mut node = healthy();
-    node.sockets.clear();
+    node.sockets
+        .retain(|s| s != Path::new("/var/run/nri/nri.sock"));
     only_fails(
         &node,
         "nri-socket",
@@ -486,7 +556,7 @@ fn the_agents_nri_plugin_must_be_registered() {
             "/metrics",
             HttpReply {
                 status: 200,
-                body: body.into(),
+                body: format!("{body}{DP_METRICS}"),
             },
         );
     };
@@ -511,7 +581,12 @@ fn the_agents_nri_plugin_must_be_registered() {
         .collect();
     assert_eq!(
         status,
-        [("agent", Status::Fail), ("nri-plugin", Status::Skip)]
+        [
+            ("agent", Status::Fail),
+            ("nri-plugin", Status::Skip),
+            ("device-plugin", Status::Skip),
+            ("allocatable", Status::Skip),
+        ]
     );
     assert!(
         checks[1]
@@ -581,6 +656,9 @@ fn a_real_gpu_node_skips_what_concerns_the_mock() {
             ("nri-socket", Status::Skip),
             ("nri-config", Status::Skip),
             ("nri-plugin", Status::Skip),
+            ("device-plugin", Status::Skip),
+            ("allocatable", Status::Skip),
+            ("gpunode", Status::Ok),
             ("slurm", Status::Ok),
         ]
     );
@@ -626,4 +704,184 @@ fn metric_samples_are_read_by_exact_name() {
     assert_eq!(sample(m, "mockgpu_nri_ready"), Some(1.0));
     assert_eq!(sample(m, "mockgpu_nri_errors_total"), None);
     assert_eq!(sample(m, "absent"), None);
+}
+
+#[test]
+fn the_device_plugin_must_be_registered_with_the_kubelet() {
+    let mut node = healthy();
+    node.sockets.retain(|s| s != Path::new(KUBELET_SOCKET));
+    only_fails(
+        &node,
+        "device-plugin",
+        "no kubelet registration socket at /var/lib/kubelet/device-plugins/kubelet.sock",
+        "--kubelet-dir",
+    );
+    let mut node = healthy();
+    node.sockets.retain(|s| s != Path::new(DP_SOCKET));
+    only_fails(
+        &node,
+        "device-plugin",
+        "socket /var/lib/kubelet/device-plugins/mockgpu-nvidia.com_gpu.sock is missing",
+        "restart the agent",
+    );
+    let mut node = healthy();
+    node.http.insert(
+        "/metrics",
+        HttpReply {
+            status: 200,
+            body: format!(
+                "{METRICS}mockgpu_device_plugin_registrations_total 0\nmockgpu_device_plugin_healthy_gpus 4\n"
+            ),
+        },
+    );
+    only_fails(
+        &node,
+        "device-plugin",
+        "has not registered nvidia.com/gpu",
+        "kubelet",
+    );
+    // an agent without --device-plugin: neither it nor the allocatable count is checked
+    node.http.insert(
+        "/metrics",
+        HttpReply {
+            status: 200,
+            body: METRICS.into(),
+        },
+    );
+    check(
+        &node,
+        "device-plugin",
+        Status::Skip,
+        "runs without --device-plugin",
+    );
+    check(
+        &node,
+        "allocatable",
+        Status::Skip,
+        "without --device-plugin",
+    );
+    assert_eq!(
+        check(
+            &healthy(),
+            "device-plugin",
+            Status::Ok,
+            "registered with the kubelet"
+        )
+        .message,
+        "the agent's device plugin serves nvidia.com/gpu at \
+         /var/lib/kubelet/device-plugins/mockgpu-nvidia.com_gpu.sock and is registered with the \
+         kubelet (1 registrations)"
+    );
+}
+
+#[test]
+fn the_node_must_allocate_the_healthy_gpus() {
+    let mut node = healthy();
+    node.cluster = Ok(view(Some("3"), Some(reported(5, "True"))));
+    only_fails(
+        &node,
+        "allocatable",
+        "node node-0 has 3 nvidia.com/gpu allocatable, the agent advertises 4 healthy GPUs",
+        "run the doctor again",
+    );
+    node.cluster = Ok(view(None, Some(reported(5, "True"))));
+    only_fails(
+        &node,
+        "allocatable",
+        "node node-0 has no nvidia.com/gpu allocatable",
+        "kubelet's log",
+    );
+    let mut v = view(Some("4"), Some(reported(5, "True")));
+    v.allocatable = None;
+    node.cluster = Ok(v);
+    only_fails(
+        &node,
+        "allocatable",
+        "the API server has no node node-0",
+        "--node-name",
+    );
+    check(
+        &healthy(),
+        "allocatable",
+        Status::Ok,
+        "node node-0 has 4 nvidia.com/gpu allocatable",
+    );
+}
+
+#[test]
+fn the_gpunode_must_be_there_ready_and_fresh() {
+    let mut node = healthy();
+    node.cluster = Ok(view(Some("4"), None));
+    only_fails(
+        &node,
+        "gpunode",
+        "no GpuNode node-0",
+        "install the chart's CRD",
+    );
+    node.cluster = Ok(view(Some("4"), Some(reported(5, "False"))));
+    only_fails(
+        &node,
+        "gpunode",
+        "GpuNode node-0 is not Ready (TreeMounted: mounted)",
+        "agent's log",
+    );
+    // three heartbeats of 30 s and a tenth: 99 s is fresh, 100 s is not
+    node.cluster = Ok(view(Some("4"), Some(reported(99, "True"))));
+    check(&node, "gpunode", Status::Ok, "last heartbeat 99s ago");
+    node.cluster = Ok(view(Some("4"), Some(reported(100, "True"))));
+    only_fails(
+        &node,
+        "gpunode",
+        "last heartbeat is 100s old, more than 3 heartbeats of 30s",
+        "--heartbeat",
+    );
+    let mut stripped = reported(5, "True");
+    stripped.status = None;
+    node.cluster = Ok(view(Some("4"), Some(stripped)));
+    only_fails(
+        &node,
+        "gpunode",
+        "has no Ready condition",
+        "gpunodes/status",
+    );
+    assert_eq!(
+        check(&healthy(), "gpunode", Status::Ok, "reported").message,
+        "GpuNode node-0 reported: mock gb300, 0 GPUs, 2 held, Ready, last heartbeat 5s ago"
+    );
+}
+
+#[test]
+fn the_cluster_checks_skip_without_an_api_server_and_fail_when_it_cannot_be_read() {
+    let node = healthy();
+    let mut o = opts();
+    o.credentials = None;
+    let checks = run(&node, &o);
+    let skipped: Vec<_> = checks
+        .iter()
+        .filter(|c| c.status != Status::Ok)
+        .map(|c| (c.name, c.status))
+        .collect();
+    assert_eq!(
+        skipped,
+        [("allocatable", Status::Skip), ("gpunode", Status::Skip)]
+    );
+    assert!(
+        checks[10]
+            .message
+            .starts_with("no Kubernetes API server configured"),
+        "{}",
+        checks[10]
+    );
+    let mut node = healthy();
+    node.cluster = Err("cannot get node node-0: connection refused".into());
+    let checks = run(&node, &opts());
+    let failed: Vec<_> = checks.iter().filter(|c| c.status == Status::Fail).collect();
+    assert_eq!(failed.len(), 2, "{checks:?}");
+    for c in failed {
+        assert_eq!(
+            c.message,
+            "cannot read from the API server: cannot get node node-0: connection refused"
+        );
+        assert!(c.fix.as_deref().unwrap().contains("RBAC"), "{c}");
+    }
 }
