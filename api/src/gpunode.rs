@@ -44,6 +44,7 @@ pub mod condition {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = kubernetes_formats)]
 pub struct GpuNodeSpec {
     /// The Kubernetes node (also the object's name).
     pub node_name: String,
@@ -75,6 +76,7 @@ pub enum Mode {
 /// One GPU of a node.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = kubernetes_formats)]
 pub struct GpuNodeGpu {
     /// Position in minor order (0-based).
     pub index: u32,
@@ -127,6 +129,7 @@ pub struct Fabric {
 /// What the node's GPUs are doing.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = kubernetes_formats)]
 pub struct GpuNodeStatus {
     /// The reporting agent's version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,6 +170,18 @@ pub struct Pinning {
     pub gpus: Vec<String>,
     /// Since when.
     pub since: Time,
+}
+
+/// The API server knows the integer formats `int32` and `int64` (others draw a warning on every
+/// apply): schemars' `uint32` and `uint64` become `int64`, their `minimum: 0` stays.
+fn kubernetes_formats(schema: &mut schemars::Schema) {
+    if matches!(
+        schema.get("format").and_then(|f| f.as_str()),
+        Some("uint32" | "uint64")
+    ) {
+        schema.insert("format".into(), "int64".into());
+    }
+    schemars::transform::transform_subschemas(&mut kubernetes_formats, schema);
 }
 
 /// A hash of what Slurm and schedulers see of the GPUs: their count, order, identity, bus ids,
