@@ -119,6 +119,8 @@ impl Agent {
         let log = node.run.with_extension("log");
         let child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
             .arg("serve")
+            // never report to a cluster that a developer's kubeconfig names
+            .env("MOCKGPU_REPORT", "off")
             .args(["--node-name", "node-0", "--profile", "gb300"])
             .args(["--listen", "127.0.0.1:0"])
             .arg("--dir")

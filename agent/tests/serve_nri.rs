@@ -128,6 +128,8 @@ impl Agent {
         let mut command = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"));
         command
             .arg("serve")
+            // never report to a cluster that a developer's kubeconfig names
+            .env("MOCKGPU_REPORT", "off")
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
