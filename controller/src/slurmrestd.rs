@@ -616,23 +616,33 @@ mod tests {
         assert_eq!(s.token.as_deref(), Some("eyJ.tok.en"));
     }
 
+    /// Deletes `node` through a fake answering `status` and `body`: the outcome, and what it saw.
+    async fn delete_via(
+        status: u16,
+        body: &'static str,
+        node: &str,
+    ) -> (
+        Result<NodeDeleted, SlurmError>,
+        mpsc::UnboundedReceiver<Seen>,
+    ) {
+        let (url, seen) = fake(status, body).await;
+        (
+            client(&url, Duration::from_secs(5)).delete_node(node).await,
+            seen,
+        )
+    }
+
     #[tokio::test]
     async fn maps_the_servers_answers() {
         for (status, body) in [(401, ""), (511, BAD_TOKEN_BODY)] {
-            let (url, _seen) = fake(status, body).await;
-            let r = client(&url, Duration::from_secs(5))
-                .delete_node("node0")
-                .await;
+            let (r, _) = delete_via(status, body, "node0").await;
             assert!(
                 matches!(r, Err(SlurmError::Unauthorized)),
                 "{status}: {r:?}"
             );
         }
         for (status, body) in [(404, ""), (500, NOT_FOUND_BODY)] {
-            let (url, _seen) = fake(status, body).await;
-            let r = client(&url, Duration::from_secs(5))
-                .delete_node("node0")
-                .await;
+            let (r, _) = delete_via(status, body, "node0").await;
             assert!(matches!(r, Ok(NodeDeleted::AlreadyGone)), "{status}: {r:?}");
         }
     }
@@ -662,24 +672,20 @@ mod tests {
 
     #[tokio::test]
     async fn a_server_without_any_node_endpoint_is_an_http_error() {
-        let (url, _seen) = fake(404, NOT_SERVED_BODY).await;
-        let r = client(&url, Duration::from_secs(5))
-            .delete_node("node0")
-            .await;
+        let (r, _) = delete_via(404, NOT_SERVED_BODY, "node0").await;
+        let want = "v0.0.42, v0.0.41, v0.0.40";
         assert!(
-            matches!(r, Err(SlurmError::Http(ref m)) if m.contains("v0.0.42, v0.0.41, v0.0.40")),
+            matches!(r, Err(SlurmError::Http(ref m)) if m.contains(want)),
             "{r:?}"
         );
     }
 
     #[tokio::test]
     async fn an_invalid_node_name_is_refused_before_any_request() {
-        let (url, mut seen) = fake(200, "").await;
-        let r = client(&url, Duration::from_secs(5))
-            .delete_node("../diag")
-            .await;
+        let (r, mut seen) = delete_via(200, "", "../diag").await;
+        let want = "invalid node name";
         assert!(
-            matches!(r, Err(SlurmError::Http(ref m)) if m.contains("invalid node name")),
+            matches!(r, Err(SlurmError::Http(ref m)) if m.contains(want)),
             "{r:?}"
         );
         assert!(seen.try_recv().is_err(), "a request was sent");

@@ -18,6 +18,7 @@
 #   down        pods, our processes by PID, mounts, cgroups (safe to run any time)
 #   all         bootstrap up smoke agent-up scenarios latency, then down (down runs on every exit)
 #   cluster-up  (cluster mode, after up) etcd, kube-apiserver, controller manager, scheduler, kubelet
+#   control-plane  (cluster mode, after up) etcd and kube-apiserver only (bench/controller-scale.sh)
 #   kubectl ARGS  (cluster mode) the node's kubectl, from the host through its network namespace
 # Cluster mode (CLUSTER=1): a real Kubernetes node (etcd, kube-apiserver, kube-controller-manager,
 #   kube-scheduler, kubelet; see cluster.sh); `all` runs bootstrap up cluster-up agent-up cluster.
@@ -422,6 +423,7 @@ case "${1:-}" in
   latency) scenario_latency ;;
   cri) shift; cri "$@" ;;
   env) print_env ;;
+  control-plane) [ "$CLUSTER" = 1 ] || fail "control-plane: cluster mode only (CLUSTER=1)"; step control-plane control_plane_up; [ $FAILED = 0 ] ;;
   cluster-up) [ "$CLUSTER" = 1 ] || fail "cluster-up: cluster mode only (CLUSTER=1)"; cluster_up; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
   kubectl) [ "$CLUSTER" = 1 ] || fail "kubectl: cluster mode only (CLUSTER=1)"; shift; kc "$@" ;;
   down) phase_down ;;
