@@ -1,5 +1,12 @@
-//! mockgpu's central controller.
+//! mockgpu's central controller: node labels and GpuNode conditions from the agents' GpuNodes,
+//! leader election, opt-in remediation through Slurm.
 
 pub mod crd;
+pub mod labels;
+pub mod lease;
+pub mod metrics;
+pub mod plan;
+pub mod reconcile;
+pub mod run;
 pub mod slurm;
 pub mod slurmrestd;

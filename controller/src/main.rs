@@ -1,9 +1,15 @@
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
-use mockgpu_controller::slurm::{NodeDeleted, SlurmNodes};
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use mockgpu_controller::lease::Timing;
+use mockgpu_controller::plan::Settings;
+use mockgpu_controller::run::{Config, run};
+use mockgpu_controller::slurm::{NoSlurm, NodeDeleted, SlurmNodes};
 use mockgpu_controller::slurmrestd::{self, SecretKey, Slurmrestd};
 
 /// mockgpu's central controller.
@@ -18,9 +24,149 @@ struct Cli {
 enum Command {
     /// Print the GpuNode CustomResourceDefinition (YAML) for `kubectl apply -f -`.
     Crd,
+    /// Run the controller: node labels and GpuNode conditions (Stale, Drifted, InjectionMissing)
+    /// from the agents' GpuNodes, and opt-in remediation. Replicas elect a leader through a
+    /// Lease; only the leader acts, the others stand by (all are ready).
+    Run(Box<RunArgs>),
     /// Delete one node's Slurm record through slurmrestd, as remediation does (prints `deleted`
     /// or `already gone`); for trying the credentials and for doing it by hand.
     SlurmDeleteNode(SlurmDeleteNode),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Namespace of the leader-election Lease (and of the slurmrestd token's Secret).
+    #[arg(long, env = "POD_NAMESPACE")]
+    namespace: String,
+    /// This replica's identity in the Lease (unique per replica: the pod's name).
+    #[arg(long, env = "POD_NAME")]
+    identity: String,
+    /// /healthz, /readyz and /metrics address.
+    #[arg(
+        long,
+        env = "MOCKGPU_CONTROLLER_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
+    listen: SocketAddr,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "MOCKGPU_LEASE_NAME", default_value = "mockgpu-controller")]
+    lease_name: String,
+    /// Label selector of the slurmd pods (Drifted: one that started before the node's topology
+    /// changed registered the old GPUs).
+    #[arg(
+        long,
+        env = "MOCKGPU_SLURMD_SELECTOR",
+        default_value = "app.kubernetes.io/name=slurmd"
+    )]
+    slurmd_selector: String,
+    /// Act on Drifted (delete the node's Slurm record, then its slurmd pods) and InjectionMissing
+    /// (delete the pod, so that it is recreated with mockgpu's files).
+    #[arg(long, env = "MOCKGPU_REMEDIATION", default_value_t = false, action = clap::ArgAction::Set)]
+    remediation: bool,
+    /// slurmrestd's URL (drift remediation deletes Slurm node records through it).
+    #[arg(long, env = "MOCKGPU_SLURMRESTD_URL")]
+    slurmrestd_url: Option<String>,
+    /// The Secret key holding slurmrestd's JWT, as `<secret>/<key>` in the Lease's namespace.
+    #[arg(
+        long,
+        env = "MOCKGPU_SLURMRESTD_TOKEN_SECRET",
+        requires = "slurmrestd_url"
+    )]
+    slurmrestd_token_secret: Option<SecretKey>,
+    /// The Slurm user the JWT belongs to (X-SLURM-USER-NAME).
+    #[arg(long, env = "MOCKGPU_SLURMRESTD_USER", default_value = "slurm")]
+    slurmrestd_user: String,
+    /// Timeout of one slurmrestd request, in seconds.
+    #[arg(long, env = "MOCKGPU_SLURMRESTD_TIMEOUT", default_value_t = 10.0)]
+    slurmrestd_timeout: f64,
+    /// Seconds without a heartbeat after which a GpuNode is Stale.
+    #[arg(long, env = "MOCKGPU_STALE_AFTER", default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..))]
+    stale_after: u64,
+    /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
+/// A GPU container gets this long to show up in the agent's pinning before it counts as
+/// InjectionMissing (the agent reports pinning changes well within it).
+const INJECTION_GRACE: Duration = Duration::from_secs(60);
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Crd => print!("{}", mockgpu_controller::crd::yaml()?),
+        Command::Run(args) => tokio::runtime::Runtime::new()
+            .context("cannot start the async runtime")?
+            .block_on(run_controller(*args))?,
+        Command::SlurmDeleteNode(a) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?
+            .block_on(slurm_delete_node(a))?,
+    }
+    Ok(())
+}
+
+async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
+    let client = match &args.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?;
+            Client::try_from(cfg)?
+        }
+        None => Client::try_from(
+            kube::Config::infer()
+                .await
+                .context("no Kubernetes credentials (in-cluster or kubeconfig)")?,
+        )?,
+    };
+    let cfg = Config {
+        namespace: args.namespace,
+        identity: args.identity,
+        lease_name: args.lease_name,
+        timing: Timing::default(),
+        slurmd_selector: args.slurmd_selector,
+        listen: args.listen,
+        settings: Settings {
+            remediation: args.remediation,
+            stale_after: Duration::from_secs(args.stale_after),
+            injection_grace: INJECTION_GRACE,
+            gpu_resource: "nvidia.com/gpu".into(),
+        },
+    };
+    let slurm = match (&args.slurmrestd_url, &args.slurmrestd_token_secret) {
+        (Some(url), Some(secret)) => {
+            let token = slurmrestd::read_token(client.clone(), &cfg.namespace, secret).await?;
+            let timeout = Duration::try_from_secs_f64(args.slurmrestd_timeout)
+                .context("MOCKGPU_SLURMRESTD_TIMEOUT")?;
+            Some(Slurmrestd::new(
+                url,
+                &args.slurmrestd_user,
+                &token,
+                timeout,
+            )?)
+        }
+        (Some(url), None) => {
+            bail!(
+                "MOCKGPU_SLURMRESTD_URL={url} needs MOCKGPU_SLURMRESTD_TOKEN_SECRET (<secret>/<key>)"
+            )
+        }
+        (None, _) => None,
+    };
+    match slurm {
+        Some(slurm) => run(client, cfg, Some(slurm), shutdown()).await?,
+        None => run(client, cfg, None::<NoSlurm>, shutdown()).await?,
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -55,12 +201,12 @@ async fn slurm_delete_node(a: SlurmDeleteNode) -> anyhow::Result<()> {
     let token = if let Some(path) = &a.token_file {
         slurmrestd::read_token_file(path)?
     } else if let Some(secret) = &a.token_secret {
-        let client = kube::Client::try_default()
+        let client = Client::try_default()
             .await
             .context("connecting to the API server")?;
         slurmrestd::read_token(client, &a.namespace, secret).await?
     } else {
-        anyhow::bail!("give --token-secret or --token-file");
+        bail!("give --token-secret or --token-file");
     };
     let timeout = Duration::try_from_secs_f64(a.timeout).context("--timeout")?;
     let client = Slurmrestd::new(&a.slurmrestd_url, &a.slurm_user, &token, timeout)?;
@@ -78,13 +224,19 @@ async fn slurm_delete_node(a: SlurmDeleteNode) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Crd => print!("{}", mockgpu_controller::crd::yaml()?),
-        Command::SlurmDeleteNode(a) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-            .block_on(slurm_delete_node(a))?,
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(err) => {
+            tracing::warn!(%err, "no SIGTERM handler; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
-    Ok(())
 }

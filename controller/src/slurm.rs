@@ -35,3 +35,14 @@ pub trait SlurmNodes: Send + Sync {
         name: &str,
     ) -> impl Future<Output = Result<NodeDeleted, SlurmError>> + Send;
 }
+
+/// The Slurm side of a controller without slurmrestd: no value exists, so `None::<NoSlurm>`
+/// is "not configured".
+#[derive(Debug)]
+pub enum NoSlurm {}
+
+impl SlurmNodes for NoSlurm {
+    async fn delete_node(&self, _: &str) -> Result<NodeDeleted, SlurmError> {
+        match *self {}
+    }
+}

@@ -484,7 +484,7 @@ scenario_latency() {
 # client) against slurmrestd with auth/jwt, deleting a dynamic node's record (slurmd -Z, as
 # Slinky's NodeSets register their pods)
 
-CONTROLLER_BIN=${CONTROLLER_BIN:-$REPO/target/release/mockgpu-controller}
+CONTROLLER_BIN=${CONTROLLER_BIN:-$(dirname "$AGENT_BIN")/mockgpu-controller}
 RESTD_PORT=6820       # slurmrestd, every data_parser
 RESTD_OLD_PORT=6821   # slurmrestd with data_parser v0.0.40 only (what Slurm 23.11 serves)
 MUTE_PORT=6899        # accepts a connection and never answers

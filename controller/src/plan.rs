@@ -1,0 +1,899 @@
+//! The reconcile decision, as a pure function: from a GpuNode, its Node, the pods on the node and
+//! the time, what to do ([`Plan`]). The executor (`reconcile`) carries it out.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use mockgpu_api::gpunode::condition;
+use mockgpu_api::{GpuNode, Mode};
+
+use crate::labels;
+
+/// What the decision depends on besides the objects.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Act on Drifted and InjectionMissing (delete Slurm node records and pods).
+    pub remediation: bool,
+    /// A GpuNode without a heartbeat for this long is Stale.
+    pub stale_after: Duration,
+    /// A GPU container is given this long to show up in the agent's pinning.
+    pub injection_grace: Duration,
+    /// The extended resource of GPUs (`nvidia.com/gpu`).
+    pub gpu_resource: String,
+}
+
+/// Everything [`plan`] looks at.
+#[derive(Debug, Clone)]
+pub struct Input<'a> {
+    /// The GpuNode; `None` when it is gone (only our labels are removed then).
+    pub gpunode: Option<&'a GpuNode>,
+    /// The node's metadata; `None` when the Node is gone.
+    pub node: Option<&'a ObjectMeta>,
+    /// The slurmd pods on the node.
+    pub slurmd_pods: &'a [&'a Pod],
+    /// The pods on the node (those requesting GPUs are looked at).
+    pub pods: &'a [&'a Pod],
+    /// The time of the decision.
+    pub now: Timestamp,
+    /// Settings.
+    pub settings: &'a Settings,
+}
+
+/// A pod to delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodAction {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID (the deletion's precondition: a pod recreated under the same name is left alone).
+    pub uid: String,
+    /// Why: [`condition::DRIFTED`] or [`condition::INJECTION_MISSING`].
+    pub why: &'static str,
+}
+
+/// An event to record on the GpuNode about a condition that became true.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// `PascalCase` reason.
+    pub reason: &'static str,
+    /// What happened, in words.
+    pub note: String,
+}
+
+/// What to do.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// Labels to apply to the Node with our field manager (empty: remove ours); `None`: leave the
+    /// Node alone.
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Our conditions to apply to the GpuNode status; `None`: unchanged.
+    pub conditions: Option<Vec<Condition>>,
+    /// Slurm node records to delete (before `delete_pods`).
+    pub slurm_nodes: Vec<String>,
+    /// Pods to delete.
+    pub delete_pods: Vec<PodAction>,
+    /// Warnings to record: conditions that became true.
+    pub notices: Vec<Notice>,
+    /// Reconcile again after this long (a heartbeat or a grace period runs out).
+    pub requeue_after: Option<Duration>,
+}
+
+/// The decision.
+pub fn plan(input: &Input<'_>) -> Plan {
+    // a GpuNode being deleted counts as gone
+    let gpunode = input
+        .gpunode
+        .filter(|g| g.metadata.deletion_timestamp.is_none());
+    let labels = input.node.and_then(|node| {
+        let wanted = gpunode.map(|g| labels::wanted(g, node));
+        labels::to_apply(wanted, node)
+    });
+    let Some(g) = gpunode else {
+        return Plan {
+            labels,
+            ..Plan::default()
+        };
+    };
+    let mut p = Plan {
+        labels,
+        ..Plan::default()
+    };
+    let ctx = Ctx { g, input };
+    let (stale, stale_at) = ctx.stale();
+    let drifted = ctx.drifted();
+    let is_stale = stale.status == "True";
+    let missing = ctx.injection_missing(is_stale, &mut p.requeue_after);
+    if let Some(at) = stale_at {
+        requeue_at(&mut p.requeue_after, input.now, at);
+    }
+    let on_node = input.node.is_some();
+    if input.settings.remediation && on_node {
+        for pod in &drifted {
+            let name = slurm_node_name(pod);
+            if !p.slurm_nodes.contains(&name) {
+                p.slurm_nodes.push(name);
+            }
+        }
+        let actions = drifted
+            .iter()
+            .map(|pod| pod_action(pod, condition::DRIFTED))
+            .chain(
+                missing
+                    .iter()
+                    .map(|(pod, _)| pod_action(pod, condition::INJECTION_MISSING)),
+            );
+        for a in actions {
+            if !p.delete_pods.iter().any(|b| b.uid == a.uid) {
+                p.delete_pods.push(a);
+            }
+        }
+    }
+    let wanted = [
+        stale,
+        ctx.drifted_condition(&drifted),
+        ctx.missing_condition(&missing, is_stale),
+    ];
+    let current = g.status.as_ref().map(|s| &s.conditions[..]).unwrap_or(&[]);
+    let mut next = Vec::with_capacity(wanted.len());
+    let mut changed = false;
+    for mut c in wanted {
+        let old = current.iter().find(|o| o.type_ == c.type_);
+        match old {
+            Some(o) if o.status == c.status => {
+                c.last_transition_time = o.last_transition_time.clone()
+            }
+            _ if c.status == "True" => p.notices.push(Notice {
+                reason: notice_reason(&c.type_),
+                note: c.message.clone(),
+            }),
+            _ => {}
+        }
+        changed |= old.is_none_or(|o| {
+            (&o.status, &o.reason, &o.message, o.observed_generation)
+                != (&c.status, &c.reason, &c.message, c.observed_generation)
+        });
+        next.push(c);
+    }
+    if changed {
+        p.conditions = Some(next);
+    }
+    p
+}
+
+/// The event reason of a condition that became true.
+fn notice_reason(kind: &str) -> &'static str {
+    match kind {
+        condition::STALE => "HeartbeatLost",
+        condition::DRIFTED => "Drifted",
+        _ => "InjectionMissing",
+    }
+}
+
+/// The decision's view of one GpuNode.
+struct Ctx<'a> {
+    g: &'a GpuNode,
+    input: &'a Input<'a>,
+}
+
+impl<'a> Ctx<'a> {
+    fn condition(&self, kind: &str, status: &str, reason: &str, message: String) -> Condition {
+        Condition {
+            type_: kind.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: Time(self.input.now),
+            observed_generation: self.g.metadata.generation,
+        }
+    }
+
+    /// Stale, and when it will be (`None`: already stale, or no heartbeat time at all).
+    fn stale(&self) -> (Condition, Option<Timestamp>) {
+        let after = self.input.settings.stale_after;
+        let last = self
+            .g
+            .status
+            .as_ref()
+            .and_then(|s| s.last_heartbeat.as_ref())
+            .or(self.g.metadata.creation_timestamp.as_ref())
+            .map(|t| t.0);
+        let Some(last) = last else {
+            return (
+                self.condition(
+                    condition::STALE,
+                    "Unknown",
+                    "NoHeartbeat",
+                    "the agent never reported".into(),
+                ),
+                None,
+            );
+        };
+        let at = last + signed(after);
+        if self.input.now >= at {
+            let msg = format!(
+                "no heartbeat since {last} (more than {} s)",
+                after.as_secs()
+            );
+            (
+                self.condition(condition::STALE, "True", "HeartbeatLost", msg),
+                None,
+            )
+        } else {
+            let msg = format!("the agent reports within {} s", after.as_secs());
+            (
+                self.condition(condition::STALE, "False", "Heartbeating", msg),
+                Some(at),
+            )
+        }
+    }
+
+    /// The slurmd pods that started before the current topology was first reported: their
+    /// slurmd registered other GPUs.
+    fn drifted(&self) -> Vec<&'a Pod> {
+        let Some(since) = self
+            .g
+            .status
+            .as_ref()
+            .and_then(|s| s.topology_since.as_ref())
+        else {
+            return Vec::new();
+        };
+        self.input
+            .slurmd_pods
+            .iter()
+            .copied()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| started(p).is_some_and(|t| t < since.0))
+            .collect()
+    }
+
+    fn drifted_condition(&self, drifted: &[&Pod]) -> Condition {
+        if drifted.is_empty() {
+            let msg = "no slurmd pod on the node predates its topology".into();
+            return self.condition(condition::DRIFTED, "False", "InSync", msg);
+        }
+        let since = self
+            .g
+            .status
+            .as_ref()
+            .and_then(|s| s.topology_since.as_ref());
+        let msg = format!(
+            "slurmd pod(s) {} started before the topology changed ({})",
+            names(drifted.iter().map(|p| pod_name(p))),
+            since.map(|t| t.0.to_string()).unwrap_or_default()
+        );
+        self.condition(condition::DRIFTED, "True", "TopologyChanged", msg)
+    }
+
+    /// GPU containers that run for longer than the grace period without being in the pinning,
+    /// as (pod, container). `requeue` is moved up to when a younger one's grace ends. Nothing
+    /// while the agent is stale (its pinning is not current) or on a real-mode node.
+    fn injection_missing(
+        &self,
+        stale: bool,
+        requeue: &mut Option<Duration>,
+    ) -> Vec<(&'a Pod, String)> {
+        if stale || self.g.spec.mode != Mode::Mock {
+            return Vec::new();
+        }
+        let pinning = self
+            .g
+            .status
+            .as_ref()
+            .map(|s| &s.pinning[..])
+            .unwrap_or(&[]);
+        let grace = signed(self.input.settings.injection_grace);
+        let mut out = Vec::new();
+        for pod in self.input.pods.iter().copied() {
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            for (container, since) in gpu_containers(pod, &self.input.settings.gpu_resource) {
+                if pinning
+                    .iter()
+                    .any(|p| p.pod_uid == uid && p.container == container)
+                {
+                    continue;
+                }
+                if self.input.now >= since + grace {
+                    out.push((pod, container));
+                } else {
+                    requeue_at(requeue, self.input.now, since + grace);
+                }
+            }
+        }
+        out
+    }
+
+    fn missing_condition(&self, missing: &[(&Pod, String)], stale: bool) -> Condition {
+        if self.g.spec.mode != Mode::Mock {
+            return self.condition(
+                condition::INJECTION_MISSING,
+                "False",
+                "NotMocked",
+                "the node's GPUs are real".into(),
+            );
+        }
+        if stale {
+            let msg = "the agent's pinning is not current".into();
+            return self.condition(condition::INJECTION_MISSING, "Unknown", "AgentStale", msg);
+        }
+        if missing.is_empty() {
+            let msg = "every running GPU container is in the pinning".into();
+            return self.condition(condition::INJECTION_MISSING, "False", "AllInjected", msg);
+        }
+        let msg = format!(
+            "running GPU container(s) without mockgpu's files: {}",
+            names(missing.iter().map(|(p, c)| format!("{}/{c}", pod_name(p))))
+        );
+        self.condition(condition::INJECTION_MISSING, "True", "NotInjected", msg)
+    }
+}
+
+/// A `std` duration as a signed one (saturating).
+fn signed(d: Duration) -> SignedDuration {
+    SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
+}
+
+/// Moves `requeue` up to `at` (at least one second from `now`).
+fn requeue_at(requeue: &mut Option<Duration>, now: Timestamp, at: Timestamp) {
+    let wait = Duration::try_from(at.duration_since(now))
+        .unwrap_or_default()
+        .max(Duration::from_secs(1));
+    *requeue = Some(requeue.map_or(wait, |r| r.min(wait)));
+}
+
+/// When the pod's containers started: the earliest running container, else the pod's start.
+fn started(pod: &Pod) -> Option<Timestamp> {
+    let status = pod.status.as_ref()?;
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
+        .map(|t| t.0)
+        .min()
+        .or(status.start_time.as_ref().map(|t| t.0))
+}
+
+/// The pod's running containers that request `resource`, with their start times.
+fn gpu_containers(pod: &Pod, resource: &str) -> Vec<(String, Timestamp)> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref());
+    spec.containers
+        .iter()
+        .filter(|c| asks_for(c, resource))
+        .filter_map(|c| {
+            let st = statuses?.iter().find(|s| s.name == c.name)?;
+            let since = st.state.as_ref()?.running.as_ref()?.started_at.as_ref()?.0;
+            Some((c.name.clone(), since))
+        })
+        .collect()
+}
+
+/// Whether the pod asks for `resource` in any container (the pods watched for InjectionMissing).
+pub fn requests_resource(pod: &Pod, resource: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .is_some_and(|s| s.containers.iter().any(|c| asks_for(c, resource)))
+}
+
+/// Whether the container's limits or requests ask for a non-zero amount of `resource`.
+fn asks_for(c: &Container, resource: &str) -> bool {
+    c.resources.as_ref().is_some_and(|r| {
+        [&r.limits, &r.requests]
+            .into_iter()
+            .flatten()
+            .any(|m| m.get(resource).is_some_and(|q| q.0 != "0"))
+    })
+}
+
+/// The name a slurmd pod's node registered under in Slurm: slurmd's default, the host name (the
+/// Kubernetes node's on the host network, otherwise the pod's `hostname` or name).
+pub fn slurm_node_name(pod: &Pod) -> String {
+    let spec = pod.spec.as_ref();
+    if spec.and_then(|s| s.host_network).unwrap_or(false)
+        && let Some(node) = spec.and_then(|s| s.node_name.clone())
+    {
+        return node;
+    }
+    spec.and_then(|s| s.hostname.clone())
+        .or_else(|| pod.metadata.name.clone())
+        .unwrap_or_default()
+}
+
+fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn pod_action(pod: &Pod, why: &'static str) -> PodAction {
+    PodAction {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        why,
+    }
+}
+
+fn names(items: impl Iterator<Item = String>) -> String {
+    items.collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStatus, PodSpec, PodStatus,
+        ResourceRequirements,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use mockgpu_api::gpunode::CONTROLLER_MANAGER;
+    use mockgpu_api::{GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning};
+
+    use super::*;
+    use crate::labels::tests::owner;
+    use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, PCI_NVIDIA, PROFILE};
+
+    /// Seconds after an arbitrary origin.
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn settings(remediation: bool) -> Settings {
+        Settings {
+            remediation,
+            stale_after: Duration::from_secs(90),
+            injection_grace: Duration::from_secs(60),
+            gpu_resource: "nvidia.com/gpu".into(),
+        }
+    }
+
+    fn gpu(minor: u32) -> GpuNodeGpu {
+        GpuNodeGpu {
+            index: minor,
+            minor,
+            uuid: format!("GPU-{minor}"),
+            bus_id: format!("0000:0{minor}:00.0"),
+            model: "NVIDIA GB300".into(),
+            memory_mib: Some(1),
+            numa_node: 0,
+            local_cpulist: "0-7".into(),
+            socket: 0,
+        }
+    }
+
+    /// A GpuNode with 4 GB300s, heartbeat at `hb`, topology since `since`.
+    fn gpunode(hb: i64, since: i64) -> GpuNode {
+        let mut g = GpuNode::new(
+            "node-a",
+            GpuNodeSpec::new("node-a", Mode::Mock, "gb300", (0..4).map(gpu).collect()),
+        );
+        g.metadata.creation_timestamp = Some(Time(t(-1000)));
+        g.metadata.generation = Some(1);
+        g.status = Some(GpuNodeStatus {
+            last_heartbeat: Some(Time(t(hb))),
+            topology_since: Some(Time(t(since))),
+            ..Default::default()
+        });
+        g
+    }
+
+    fn node(
+        owners: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry>,
+        labels: &[(&str, &str)],
+    ) -> ObjectMeta {
+        ObjectMeta {
+            name: Some("node-a".into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            managed_fields: Some(owners),
+            ..Default::default()
+        }
+    }
+
+    /// The node as we leave it: our labels in place, owned by us.
+    fn labelled_node() -> ObjectMeta {
+        let ours = [
+            (PROFILE, "gb300"),
+            (GPU_PRESENT, "true"),
+            (GPU_COUNT, "4"),
+            (GPU_PRODUCT, "NVIDIA-GB300"),
+            (PCI_NVIDIA, "true"),
+        ];
+        let keys: Vec<&str> = ours.iter().map(|(k, _)| *k).collect();
+        node(vec![owner(CONTROLLER_MANAGER, "Apply", &keys)], &ours)
+    }
+
+    /// A running pod `name` whose container `c` started at `started`, asking for `gpus` GPUs.
+    fn pod(name: &str, started: i64, gpus: Option<&str>, host_network: bool) -> Pod {
+        let resources = gpus.map(|n| ResourceRequirements {
+            limits: Some([("nvidia.com/gpu".to_string(), Quantity(n.into()))].into()),
+            ..Default::default()
+        });
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("slurm".into()),
+                uid: Some(format!("uid-{name}")),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("node-a".into()),
+                host_network: Some(host_network),
+                containers: vec![Container {
+                    name: "c".into(),
+                    resources,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                start_time: Some(Time(t(started - 5))),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: "c".into(),
+                    state: Some(ContainerState {
+                        running: Some(ContainerStateRunning {
+                            started_at: Some(Time(t(started))),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn pinned(g: &mut GpuNode, pod: &str) {
+        g.status.as_mut().unwrap().pinning.push(Pinning {
+            namespace: "slurm".into(),
+            pod: pod.into(),
+            pod_uid: format!("uid-{pod}"),
+            container: "c".into(),
+            gpus: vec!["GPU-0".into()],
+            since: Time(t(0)),
+        });
+    }
+
+    struct Case<'a> {
+        gpunode: Option<&'a GpuNode>,
+        node: Option<&'a ObjectMeta>,
+        slurmd: Vec<&'a Pod>,
+        pods: Vec<&'a Pod>,
+        now: i64,
+        remediation: bool,
+    }
+
+    fn run(c: &Case<'_>) -> Plan {
+        plan(&Input {
+            gpunode: c.gpunode,
+            node: c.node,
+            slurmd_pods: &c.slurmd,
+            pods: &c.pods,
+            now: t(c.now),
+            settings: &settings(c.remediation),
+        })
+    }
+
+    fn case<'a>(g: Option<&'a GpuNode>, n: Option<&'a ObjectMeta>) -> Case<'a> {
+        Case {
+            gpunode: g,
+            node: n,
+            slurmd: vec![],
+            pods: vec![],
+            now: 10,
+            remediation: false,
+        }
+    }
+
+    /// Our conditions as (type, status, reason).
+    fn conds(p: &Plan) -> Vec<(String, String, String)> {
+        p.conditions
+            .iter()
+            .flatten()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect()
+    }
+
+    fn c3(stale: &str, drifted: &str, missing: &str) -> Vec<(String, String, String)> {
+        [
+            (condition::STALE, stale),
+            (condition::DRIFTED, drifted),
+            (condition::INJECTION_MISSING, missing),
+        ]
+        .iter()
+        .map(|(k, v)| {
+            let (s, r) = v.split_once(':').unwrap_or((v, ""));
+            (k.to_string(), s.to_string(), r.to_string())
+        })
+        .collect()
+    }
+
+    /// The GpuNode with the plan's conditions written back (as the executor's apply would).
+    fn applied(g: &GpuNode, p: &Plan) -> GpuNode {
+        let mut g = g.clone();
+        g.status.as_mut().unwrap().conditions = p.conditions.clone().unwrap();
+        g
+    }
+
+    #[test]
+    fn a_new_node_gets_the_labels_and_healthy_conditions() {
+        let g = gpunode(0, -500);
+        let n = node(
+            vec![owner("kubelet", "Update", &["kubernetes.io/hostname"])],
+            &[("kubernetes.io/hostname", "node-a")],
+        );
+        let p = run(&case(Some(&g), Some(&n)));
+        let want: BTreeMap<String, String> = [
+            (PROFILE, "gb300"),
+            (GPU_PRESENT, "true"),
+            (GPU_COUNT, "4"),
+            (GPU_PRODUCT, "NVIDIA-GB300"),
+            (PCI_NVIDIA, "true"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(p.labels, Some(want));
+        assert_eq!(
+            conds(&p),
+            c3("False:Heartbeating", "False:InSync", "False:AllInjected")
+        );
+        assert!(p.notices.is_empty());
+        // requeued when the heartbeat would turn stale: at 90 s after it, now is 10 s
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(80)));
+        // applied: the next reconcile changes nothing
+        let again = run(&case(Some(&applied(&g, &p)), Some(&labelled_node())));
+        assert_eq!((again.labels, again.conditions), (None, None));
+    }
+
+    #[test]
+    fn a_lost_heartbeat_makes_the_node_stale_once() {
+        let g = gpunode(0, -500);
+        let n = labelled_node();
+        let fresh = run(&case(Some(&g), Some(&n)));
+        let g = applied(&g, &fresh);
+        let p = run(&Case {
+            now: 91,
+            ..case(Some(&g), Some(&n))
+        });
+        assert_eq!(
+            conds(&p),
+            c3("True:HeartbeatLost", "False:InSync", "Unknown:AgentStale")
+        );
+        assert_eq!(
+            p.notices.iter().map(|n| n.reason).collect::<Vec<_>>(),
+            ["HeartbeatLost"]
+        );
+        assert_eq!(p.requeue_after, None);
+        let stale = applied(&g, &p);
+        let again = run(&Case {
+            now: 200,
+            ..case(Some(&stale), Some(&n))
+        });
+        assert_eq!((again.conditions, again.notices), (None, vec![]));
+        // the transition time is that of the change, kept while the status holds
+        let when = |p: &Plan| p.conditions.as_ref().unwrap()[0].last_transition_time.0;
+        assert_eq!(when(&p), t(91));
+        // a heartbeat again: not stale, and the transition is recorded
+        let mut beating = stale.clone();
+        beating.status.as_mut().unwrap().last_heartbeat = Some(Time(t(299)));
+        let back = run(&Case {
+            now: 300,
+            ..case(Some(&beating), Some(&n))
+        });
+        assert_eq!(when(&back), t(300));
+        assert_eq!(conds(&back)[0], c3("False:Heartbeating", "", "")[0].clone());
+    }
+
+    #[test]
+    fn a_topology_change_drifts_only_slurmd_pods_started_before_it() {
+        let g = gpunode(0, -100);
+        let n = labelled_node();
+        let old = pod("slurmd-0", -200, None, true);
+        let new = pod("slurmd-1", -50, None, false);
+        // without slurmd pods: in sync
+        let none = run(&case(Some(&g), Some(&n)));
+        assert_eq!(conds(&none)[1], c3("", "False:InSync", "")[1].clone());
+        // one started after the change: in sync
+        let after = run(&Case {
+            slurmd: vec![&new],
+            ..case(Some(&g), Some(&n))
+        });
+        assert_eq!(conds(&after)[1].1, "False");
+        // one started before it: drifted, remediation off: nothing deleted
+        let p = run(&Case {
+            slurmd: vec![&old, &new],
+            ..case(Some(&g), Some(&n))
+        });
+        assert_eq!(conds(&p)[1], c3("", "True:TopologyChanged", "")[1].clone());
+        assert!(
+            p.conditions.as_ref().unwrap()[1]
+                .message
+                .contains("slurm/slurmd-0")
+        );
+        assert!(
+            !p.conditions.as_ref().unwrap()[1]
+                .message
+                .contains("slurmd-1")
+        );
+        assert_eq!(
+            p.notices.iter().map(|n| n.reason).collect::<Vec<_>>(),
+            ["Drifted"]
+        );
+        assert!(p.slurm_nodes.is_empty() && p.delete_pods.is_empty());
+    }
+
+    #[test]
+    fn remediation_deletes_the_slurm_record_and_the_drifted_slurmd_pods() {
+        let g = gpunode(0, -100);
+        let n = labelled_node();
+        let host = pod("slurmd-0", -200, None, true);
+        let own = pod("slurmd-1", -300, None, false);
+        let fresh = pod("slurmd-2", -10, None, false);
+        let p = run(&Case {
+            slurmd: vec![&host, &own, &fresh],
+            remediation: true,
+            ..case(Some(&g), Some(&n))
+        });
+        // host network: the Kubernetes node's name; otherwise the pod's host name (its name)
+        assert_eq!(p.slurm_nodes, ["node-a", "slurmd-1"]);
+        let deleted: Vec<_> = p
+            .delete_pods
+            .iter()
+            .map(|a| (a.name.as_str(), a.uid.as_str(), a.why))
+            .collect();
+        assert_eq!(
+            deleted,
+            [
+                ("slurmd-0", "uid-slurmd-0", condition::DRIFTED),
+                ("slurmd-1", "uid-slurmd-1", condition::DRIFTED)
+            ]
+        );
+        // a pod already being deleted is not deleted again
+        let mut going = host.clone();
+        going.metadata.deletion_timestamp = Some(Time(t(5)));
+        let p = run(&Case {
+            slurmd: vec![&going],
+            remediation: true,
+            ..case(Some(&g), Some(&n))
+        });
+        assert!(p.delete_pods.is_empty() && p.slurm_nodes.is_empty());
+    }
+
+    #[test]
+    fn a_gpu_container_missing_from_the_pinning_after_the_grace_period() {
+        let mut g = gpunode(0, -500);
+        pinned(&mut g, "injected");
+        let n = labelled_node();
+        let injected = pod("injected", -300, Some("2"), false);
+        let missing = pod("missing", -300, Some("1"), false);
+        let young = pod("young", -20, Some("1"), false);
+        let cpu = pod("cpu-only", -300, None, false);
+        let zero = pod("zero", -300, Some("0"), false);
+        let c = Case {
+            pods: vec![&injected, &missing, &young, &cpu, &zero],
+            ..case(Some(&g), Some(&n))
+        };
+        let p = run(&c);
+        assert_eq!(conds(&p)[2], c3("", "", "True:NotInjected")[2].clone());
+        let msg = &p.conditions.as_ref().unwrap()[2].message;
+        assert!(
+            msg.contains("slurm/missing/c") && !msg.contains("young") && !msg.contains("injected"),
+            "{msg}"
+        );
+        assert!(p.delete_pods.is_empty(), "remediation is off");
+        // the young pod's grace ends 60 s after its start (-20): requeued at 40, now is 10
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(30)));
+        let p = run(&Case {
+            remediation: true,
+            ..c
+        });
+        let deleted: Vec<_> = p
+            .delete_pods
+            .iter()
+            .map(|a| (a.name.as_str(), a.why))
+            .collect();
+        assert_eq!(deleted, [("missing", condition::INJECTION_MISSING)]);
+        assert!(p.slurm_nodes.is_empty());
+    }
+
+    #[test]
+    fn nfd_owning_the_pci_label_keeps_it_out_of_ours() {
+        let g = gpunode(0, -500);
+        let n = node(
+            vec![owner("nfd-master", "Update", &[PCI_NVIDIA])],
+            &[(PCI_NVIDIA, "true")],
+        );
+        let p = run(&case(Some(&g), Some(&n)));
+        let labels = p.labels.unwrap();
+        assert!(!labels.contains_key(PCI_NVIDIA));
+        assert_eq!(
+            labels.get(GPU_PRODUCT).map(String::as_str),
+            Some("NVIDIA-GB300")
+        );
+    }
+
+    #[test]
+    fn a_deleted_gpunode_takes_our_labels_and_nothing_else() {
+        let n = labelled_node();
+        let p = run(&case(None, Some(&n)));
+        assert_eq!(
+            p,
+            Plan {
+                labels: Some(BTreeMap::new()),
+                ..Plan::default()
+            }
+        );
+        // one being deleted counts as gone
+        let mut g = gpunode(0, -500);
+        g.metadata.deletion_timestamp = Some(Time(t(1)));
+        assert_eq!(run(&case(Some(&g), Some(&n))).labels, Some(BTreeMap::new()));
+        // a node without a GpuNode and without our labels is never touched
+        let other = node(
+            vec![owner("kubectl", "Apply", &[PROFILE])],
+            &[(PROFILE, "mine")],
+        );
+        assert_eq!(run(&case(None, Some(&other))), Plan::default());
+        // nor one we already cleaned
+        let cleaned = node(vec![], &[]);
+        assert_eq!(run(&case(None, Some(&cleaned))), Plan::default());
+    }
+
+    #[test]
+    fn a_deleted_node_is_not_labelled_and_nothing_is_deleted() {
+        let g = gpunode(0, -100);
+        let old = pod("slurmd-0", -200, None, true);
+        let missing = pod("missing", -300, Some("1"), false);
+        let p = run(&Case {
+            slurmd: vec![&old],
+            pods: vec![&missing],
+            remediation: true,
+            ..case(Some(&g), None)
+        });
+        assert_eq!(p.labels, None);
+        assert!(p.slurm_nodes.is_empty() && p.delete_pods.is_empty());
+        // its status still follows: Stale once heartbeats stop
+        let p = run(&Case {
+            now: 100,
+            ..case(Some(&g), None)
+        });
+        assert_eq!(conds(&p)[0].1, "True");
+    }
+
+    #[test]
+    fn a_changed_profile_relabels_and_a_real_node_gets_only_its_profile() {
+        let mut g = gpunode(0, -500);
+        g.spec = GpuNodeSpec::new("node-a", Mode::Mock, "h100", (0..8).map(gpu).collect());
+        let p = run(&case(Some(&g), Some(&labelled_node())));
+        let labels = p.labels.unwrap();
+        assert_eq!(
+            (labels[PROFILE].as_str(), labels[GPU_COUNT].as_str()),
+            ("h100", "8")
+        );
+        g.spec = GpuNodeSpec::new("node-a", Mode::Real, "real", (0..2).map(gpu).collect());
+        let p = run(&case(Some(&g), Some(&labelled_node())));
+        assert_eq!(
+            p.labels,
+            Some([(PROFILE.to_string(), "real".to_string())].into())
+        );
+        assert_eq!(conds(&p)[2], c3("", "", "False:NotMocked")[2].clone());
+    }
+}
