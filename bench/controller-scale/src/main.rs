@@ -188,19 +188,21 @@ async fn resync(
     let listed = Arc::new(Notify::new());
     let (reader, writer) = reflector::store();
     let signal = listed.clone();
-    let events = watcher::watcher(api, watcher::Config::default())
-        .modify(move |o: &mut GpuNode| {
+    let events =
+        watcher::watcher(api, watcher::Config::default()).modify(move |o: &mut GpuNode| {
             if strip {
                 o.managed_fields_mut().clear();
             }
-        })
+        });
+    // after the reflector: the store holds the whole list when InitDone passes here
+    let trigger = reflector(writer, events)
         .inspect_ok(move |e| {
             if matches!(e, watcher::Event::InitDone) {
                 signal.notify_one();
             }
-        });
-    let controller =
-        Controller::for_stream(reflector(writer, events).applied_objects(), reader.clone());
+        })
+        .applied_objects();
+    let controller = Controller::for_stream(trigger, reader.clone());
     let run = controller.run(
         |_obj: Arc<GpuNode>, ctx: Arc<Counter>| async move {
             ctx.reconciled.fetch_add(1, Ordering::Relaxed);
