@@ -9,3 +9,4 @@ pub mod plan;
 pub mod reconcile;
 pub mod run;
 pub mod slurm;
+pub mod slurmrestd;

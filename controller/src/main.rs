@@ -9,7 +9,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use mockgpu_controller::lease::Timing;
 use mockgpu_controller::plan::Settings;
 use mockgpu_controller::run::{Config, run};
-use mockgpu_controller::slurm::NoSlurm;
+use mockgpu_controller::slurm::{NoSlurm, NodeDeleted, SlurmNodes};
+use mockgpu_controller::slurmrestd::{self, SecretKey, Slurmrestd};
 
 /// mockgpu's central controller.
 #[derive(Parser)]
@@ -27,6 +28,9 @@ enum Command {
     /// from the agents' GpuNodes, and opt-in remediation. Replicas elect a leader through a
     /// Lease; only the leader acts, the others stand by (all are ready).
     Run(Box<RunArgs>),
+    /// Delete one node's Slurm record through slurmrestd, as remediation does (prints `deleted`
+    /// or `already gone`); for trying the credentials and for doing it by hand.
+    SlurmDeleteNode(SlurmDeleteNode),
 }
 
 #[derive(Args)]
@@ -68,7 +72,13 @@ struct RunArgs {
         env = "MOCKGPU_SLURMRESTD_TOKEN_SECRET",
         requires = "slurmrestd_url"
     )]
-    slurmrestd_token_secret: Option<String>,
+    slurmrestd_token_secret: Option<SecretKey>,
+    /// The Slurm user the JWT belongs to (X-SLURM-USER-NAME).
+    #[arg(long, env = "MOCKGPU_SLURMRESTD_USER", default_value = "slurm")]
+    slurmrestd_user: String,
+    /// Timeout of one slurmrestd request, in seconds.
+    #[arg(long, env = "MOCKGPU_SLURMRESTD_TIMEOUT", default_value_t = 10.0)]
+    slurmrestd_timeout: f64,
     /// Seconds without a heartbeat after which a GpuNode is Stale.
     #[arg(long, env = "MOCKGPU_STALE_AFTER", default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..))]
     stale_after: u64,
@@ -94,14 +104,16 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => tokio::runtime::Runtime::new()
             .context("cannot start the async runtime")?
             .block_on(run_controller(*args))?,
+        Command::SlurmDeleteNode(a) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?
+            .block_on(slurm_delete_node(a))?,
     }
     Ok(())
 }
 
 async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
-    if let Some(url) = &args.slurmrestd_url {
-        bail!("MOCKGPU_SLURMRESTD_URL={url}: this build has no slurmrestd client");
-    }
     let client = match &args.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
@@ -131,7 +143,84 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             gpu_resource: "nvidia.com/gpu".into(),
         },
     };
-    run(client, cfg, None::<NoSlurm>, shutdown()).await?;
+    let slurm = match (&args.slurmrestd_url, &args.slurmrestd_token_secret) {
+        (Some(url), Some(secret)) => {
+            let token = slurmrestd::read_token(client.clone(), &cfg.namespace, secret).await?;
+            let timeout = Duration::try_from_secs_f64(args.slurmrestd_timeout)
+                .context("MOCKGPU_SLURMRESTD_TIMEOUT")?;
+            Some(Slurmrestd::new(
+                url,
+                &args.slurmrestd_user,
+                &token,
+                timeout,
+            )?)
+        }
+        (Some(url), None) => {
+            bail!(
+                "MOCKGPU_SLURMRESTD_URL={url} needs MOCKGPU_SLURMRESTD_TOKEN_SECRET (<secret>/<key>)"
+            )
+        }
+        (None, _) => None,
+    };
+    match slurm {
+        Some(slurm) => run(client, cfg, Some(slurm), shutdown()).await?,
+        None => run(client, cfg, None::<NoSlurm>, shutdown()).await?,
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+struct SlurmDeleteNode {
+    /// The Slurm node name.
+    node: String,
+    /// slurmrestd's base URL.
+    #[arg(long, default_value = "http://slurm-restapi.slurm:6820")]
+    slurmrestd_url: String,
+    /// The Slurm user the token belongs to (X-SLURM-USER-NAME).
+    #[arg(long, default_value = "slurm")]
+    slurm_user: String,
+    /// The JWT, from `<secret>/<key>` in --namespace (through the kubeconfig or the service account).
+    #[arg(
+        long,
+        conflicts_with = "token_file",
+        required_unless_present = "token_file"
+    )]
+    token_secret: Option<SecretKey>,
+    /// The JWT, from a file (`scontrol token` output is accepted).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// The Secret's namespace.
+    #[arg(long, default_value = "slurm")]
+    namespace: String,
+    /// Request timeout, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+}
+
+async fn slurm_delete_node(a: SlurmDeleteNode) -> anyhow::Result<()> {
+    let token = if let Some(path) = &a.token_file {
+        slurmrestd::read_token_file(path)?
+    } else if let Some(secret) = &a.token_secret {
+        let client = Client::try_default()
+            .await
+            .context("connecting to the API server")?;
+        slurmrestd::read_token(client, &a.namespace, secret).await?
+    } else {
+        bail!("give --token-secret or --token-file");
+    };
+    let timeout = Duration::try_from_secs_f64(a.timeout).context("--timeout")?;
+    let client = Slurmrestd::new(&a.slurmrestd_url, &a.slurm_user, &token, timeout)?;
+    let outcome = client
+        .delete_node(&a.node)
+        .await
+        .with_context(|| format!("deleting Slurm node {}", a.node))?;
+    println!(
+        "{}",
+        match outcome {
+            NodeDeleted::Deleted => "deleted",
+            NodeDeleted::AlreadyGone => "already gone",
+        }
+    );
     Ok(())
 }
 

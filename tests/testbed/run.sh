@@ -17,10 +17,9 @@ bash "$REPO/tests/apt-ensure.sh" debootstrap fuse3 protobuf-compiler util-linux 
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 PROFILE=${TESTBED_PROFILE:-release}
 OUT=$TARGET/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")
-echo "run.sh: cargo build --profile $PROFILE (agent with its shim, test bed; the controller in cluster mode) into $OUT"
+echo "run.sh: cargo build --profile $PROFILE (agent with its shim, controller, test bed) into $OUT"
 tb=$(date +%s)
-# shellcheck disable=SC2046 # an optional word
-(cd "$REPO" && cargo build --profile "$PROFILE" -p mockgpu-agent -p mockgpu-testbed $([ "${CLUSTER:-0}" = 1 ] && echo -p mockgpu-controller))
+(cd "$REPO" && cargo build --profile "$PROFILE" -p mockgpu-agent -p mockgpu-controller -p mockgpu-testbed)
 echo "TIMING cargo-build: $(( $(date +%s) - tb )) s"
 
 if [ "${CLUSTER:-0}" = 1 ] && [ -z "${K8S_BIN:-}" ]; then
@@ -32,5 +31,6 @@ fi
 
 export CRI_BIN=${CRI_BIN:-$OUT/mgtb-cri}
 export AGENT_BIN=${AGENT_BIN:-$OUT/mockgpu-agent}
+export CONTROLLER_BIN=${CONTROLLER_BIN:-$OUT/mockgpu-controller}
 echo "run.sh: host tools and builds took $(( $(date +%s) - T0 )) s; running the test bed"
 exec bash "$HERE/testbed.sh" all

@@ -260,6 +260,7 @@ run_scenarios() {
   step live-change scenario_live_change
   step agent-restart scenario_agent_restart
   step runtime-restart scenario_runtime_restart
+  step slurmrestd-delete-node scenario_slurmrestd
 }
 
 scenario_seed() {
@@ -476,4 +477,119 @@ scenario_latency() {
       || fail "$kind container: median CreateContainer $on ms with the plugin, $off ms without: more than ${LAT_MAX_RATIO}x"
     echo "  $kind container: median $on ms with the plugin, $off ms without (bound ${LAT_MAX_RATIO}x)"
   done
+}
+
+# ---------------------------------------------------------------------------------------------
+# remediation's Slurm side: `mockgpu-controller slurm-delete-node` (the controller's slurmrestd
+# client) against slurmrestd with auth/jwt, deleting a dynamic node's record (slurmd -Z, as
+# Slinky's NodeSets register their pods)
+
+CONTROLLER_BIN=${CONTROLLER_BIN:-$(dirname "$AGENT_BIN")/mockgpu-controller}
+RESTD_PORT=6820       # slurmrestd, every data_parser
+RESTD_OLD_PORT=6821   # slurmrestd with data_parser v0.0.40 only (what Slurm 23.11 serves)
+MUTE_PORT=6899        # accepts a connection and never answers
+DYN_NODE=gpu-0
+JWT=/run/mgtb-jwt     # node paths of the tokens
+JWT_FORGED=/run/mgtb-jwt-forged
+
+listening() {  # listening <port>: a TCP socket (IPv4 or IPv6) listens on it in the node's network namespace
+  # shellcheck disable=SC2016 # an awk program
+  innode awk -v p="$(printf ':%04X' "$1")" '$4 == "0A" && substr($2, length($2) - 4) == p {f = 1} END {exit !f}' \
+    /proc/net/tcp /proc/net/tcp6
+}
+
+slurmrestd_up() {  # slurmrestd_up <port> [slurmrestd flags]: JWT authentication only, as user slurm
+  # (it refuses to run as root or SlurmUser); SLURM_JWT=daemon: it talks to slurmctld with the
+  # client's token, not munge. Only the slurmctld OpenAPI plugin: no slurmdbd here.
+  spawn slurmrestd "$LOGS/slurmrestd.log" SLURM_JWT=daemon slurmrestd -s openapi/slurmctld -a rest_auth/jwt \
+    -u slurm -g slurm "${@:2}" "127.0.0.1:$1"
+  wait_for 10 "slurmrestd on port $1" listening "$1" || { tail "$LOGS/slurmrestd.log"; exit 1; }
+}
+
+delete_node() {  # delete_node <port> <token file> <node> [flags]: the controller's client, in the node
+  innode /opt/mockgpu/mockgpu-controller slurm-delete-node --slurmrestd-url "http://127.0.0.1:$1" \
+    --slurm-user root --token-file "$2" "${@:4}" "$3"
+}
+
+dyn_slurmd_up() {  # a dynamic slurmd with four hand-made GPUs (gres.conf of slurm_write_conf fake)
+  cri down "$SLURMD_POD" > /dev/null
+  ctr_up slurmd-dyn --pod "$SLURMD_POD" --name slurmd --image localhost/slurmd:1 --privileged \
+    --pod-label app.kubernetes.io/name=slurmd --mount /run/munge:/run/munge \
+    --device /dev/null:/dev/nvidia0 --device /dev/null:/dev/nvidia1 --device /dev/null:/dev/nvidia2 --device /dev/null:/dev/nvidia3 \
+    -- /bin/sh -c "mkdir -p /var/spool/slurmd && exec slurmd -D -Z -N $DYN_NODE --conf-server 127.0.0.1:6817 --conf 'Gres=gpu:nvidia_gb300:4'"
+}
+dyn_idle() { grep -qE "^$DYN_NODE idle " <<< "$(sinfo_node)"; }
+dyn_known() { innode scontrol show node "$DYN_NODE" > /dev/null 2>&1; }
+
+scenario_slurmrestd() {
+  [ -x "$CONTROLLER_BIN" ] || fail "no controller binary at $CONTROLLER_BIN (cargo build --release -p mockgpu-controller)"
+  mkdir -p "$R/opt/mockgpu"
+  cp -f "$CONTROLLER_BIN" "$R/opt/mockgpu/mockgpu-controller.new"; mv -f "$R/opt/mockgpu/mockgpu-controller.new" "$R/opt/mockgpu/mockgpu-controller"
+  stop_kinds TERM mute slurmrestd     # left by an earlier failed run
+  slurm_write_conf fake
+  head -c 32 /dev/urandom > "$R/etc/slurm/jwt_hs256.key"; chmod 600 "$R/etc/slurm/jwt_hs256.key"
+  printf 'AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key=/etc/slurm/jwt_hs256.key\nMaxNodeCount=8\n' >> "$R/etc/slurm/slurm.conf"
+  slurm_ctl_up
+  : > "$LOGS/slurmrestd.log"
+  slurmrestd_up "$RESTD_PORT"
+  local t out rc; t=$(date +%s%N)
+  dyn_slurmd_up
+  wait_for 30 "dynamic node $DYN_NODE to register idle" dyn_idle || { slurm_logs; exit 1; }
+  timing dynamic-slurmd-idle "$(ms "$t") ms"
+  innode scontrol token username=root lifespan=600 > "$R$JWT"
+  grep -q '^SLURM_JWT=eyJ' "$R$JWT" || fail "scontrol token printed no JWT: $(head -c 100 "$R$JWT")"
+  # the same token, one character of its signature changed
+  awk -F. -v OFS=. '{s = $3; c = substr(s, 5, 1); $3 = substr(s, 1, 4) (c == "A" ? "B" : "A") substr(s, 6); print}' "$R$JWT" > "$R$JWT_FORGED"
+  ! cmp -s "$R$JWT" "$R$JWT_FORGED" || fail "the forged token equals the real one"
+
+  # a forged token: slurmctld rejects it (slurmrestd: 511, error 1007) and the node stays
+  rc=0; out=$(delete_node "$RESTD_PORT" "$JWT_FORGED" "$DYN_NODE" 2>&1) || rc=$?
+  [ $rc != 0 ] || fail "a forged token was accepted: $out"
+  grep -q 'slurmrestd rejected the token' <<< "$out" || fail "forged token: $out"
+  dyn_known || fail "a forged token deleted $DYN_NODE"
+  echo "  forged token: refused ($(grep rejected <<< "$out" | sed "s/^ *//"))"
+
+  # the real one: the record goes, and stays gone while the old slurmd runs
+  t=$(date +%s%N)
+  out=$(delete_node "$RESTD_PORT" "$JWT" "$DYN_NODE") || fail "slurm-delete-node $DYN_NODE: $out"
+  timing slurmrestd-delete-node "$(ms "$t") ms (the whole subcommand)"
+  [ "$out" = deleted ] || fail "slurm-delete-node printed '$out', want 'deleted'"
+  ! dyn_known || fail "scontrol show node still lists $DYN_NODE after the delete"
+  out=$(innode scontrol show node "$DYN_NODE" 2>&1 || true); echo "  after the delete: $out"
+  ! grep -q "^$DYN_NODE " <<< "$(sinfo_node)" || fail "sinfo still lists $DYN_NODE"
+
+  # already gone: slurmrestd answers 500 with error 2018, the client says so and succeeds
+  out=$(delete_node "$RESTD_PORT" "$JWT" "$DYN_NODE") || fail "second delete of $DYN_NODE: $out"
+  [ "$out" = "already gone" ] || fail "second delete printed '$out', want 'already gone'"
+
+  # the pod deleted and recreated (what remediation does to slurmd pods): a fresh registration
+  t=$(date +%s%N)
+  dyn_slurmd_up
+  wait_for 30 "$DYN_NODE to register again" dyn_idle || { slurm_logs; exit 1; }
+  timing dynamic-slurmd-reregistered "$(ms "$t") ms"
+  [[ $(sinfo_node) == *"$DYN_NODE idle gpu:nvidia_gb300:4"* ]] || { slurm_logs; fail "$DYN_NODE registered without its GPUs"; }
+  out=$(srun_ -w "$DYN_NODE" --gres=gpu:2 env | grep '^CUDA_VISIBLE_DEVICES=') || { slurm_logs; fail "srun --gres=gpu:2 on $DYN_NODE"; }
+  [ "$out" = CUDA_VISIBLE_DEVICES=0,1 ] || fail "srun --gres=gpu:2: $out"
+  echo "  re-registered: $(grep "^$DYN_NODE " <<< "$(sinfo_node)"); srun --gres=gpu:2: $out"
+
+  # an older API only (data_parser v0.0.40): v0.0.42 and v0.0.41 are 404 there, the client falls back
+  slurmrestd_up "$RESTD_OLD_PORT" -d data_parser/v0.0.40
+  out=$(delete_node "$RESTD_OLD_PORT" "$JWT" "$DYN_NODE") || fail "delete through v0.0.40: $out"
+  [ "$out" = deleted ] || fail "delete through v0.0.40 printed '$out', want 'deleted'"
+  ! dyn_known || fail "scontrol show node still lists $DYN_NODE after the delete through v0.0.40"
+  echo "  slurmrestd with data_parser v0.0.40 only: $out"
+
+  # a server that never answers: the request times out
+  innode sh -c "rm -f /run/mgtb-mute; mkfifo /run/mgtb-mute"
+  spawn mute "$LOGS/mute.log" sh -c "exec busybox nc -l -p $MUTE_PORT <> /run/mgtb-mute"
+  wait_for 10 "the mute listener" listening "$MUTE_PORT"
+  t=$(date +%s%N); rc=0; out=$(delete_node "$MUTE_PORT" "$JWT" "$DYN_NODE" --timeout 1 2>&1) || rc=$?
+  local took; took=$(ms "$t")
+  [ $rc != 0 ] || fail "a server that never answers: the delete succeeded: $out"
+  grep -q 'slurmrestd did not answer in time' <<< "$out" || fail "a server that never answers: $out"
+  if [ "$took" -lt 1000 ] || [ "$took" -ge 5000 ]; then fail "the 1 s timeout took $took ms"; fi
+  echo "  a server that never answers: timed out after $took ms"
+  stop_kinds TERM mute slurmrestd
+  cri down "$SLURMD_POD" > /dev/null
+  slurm_ctl_down
 }

@@ -11,19 +11,22 @@
 #               (slurmd container, hand-made GPU devices, AutoDetect=off)
 #   agent-up    start mockgpu-agent serve inside the node (FUSE at /run/mockgpu/fs, NRI plugin)
 #   scenarios   the node scenarios against the agent (needs agent-up)
+#   slurmrestd  only the scenario deleting a Slurm node through slurmrestd (needs up)
 #   latency     CRI CreateContainer latency with the plugin and without it
 #   cri ARGS    run `mgtb-cri ARGS` against the node (e.g. `testbed.sh cri ps`)
 #   env         print shell exports (TB R LOGS CRI_SOCKET NRI_SOCKET NODE_PID ...)
 #   down        pods, our processes by PID, mounts, cgroups (safe to run any time)
 #   all         bootstrap up smoke agent-up scenarios latency, then down (down runs on every exit)
 #   cluster-up  (cluster mode, after up) etcd, kube-apiserver, controller manager, scheduler, kubelet
+#   control-plane  (cluster mode, after up) etcd and kube-apiserver only (bench/controller-scale.sh)
 #   kubectl ARGS  (cluster mode) the node's kubectl, from the host through its network namespace
 # Cluster mode (CLUSTER=1): a real Kubernetes node (etcd, kube-apiserver, kube-controller-manager,
 #   kube-scheduler, kubelet; see cluster.sh); `all` runs bootstrap up cluster-up agent-up cluster.
 # Env: SUITE (trixie: containerd 1.7; sid: containerd 2.x), TB (/var/tmp/mgtb, /var/tmp/mgk8s-tb in
 #      cluster mode, with -sid appended for sid; keep it short: AF_UNIX paths < 108 bytes),
 #      CGROUP_PARENT (/mgtb, /mgk8s in cluster mode, -sid likewise), MIRROR (from apt sources),
-#      CRI_BIN, AGENT_BIN (built binaries, default target/release; the agent carries the shim),
+#      CRI_BIN, AGENT_BIN, CONTROLLER_BIN (built binaries, default target/release; the agent
+#      carries the shim),
 #      AGENT_ARGS (extra `serve` flags), LAT_N (20), AGENT_RESTART_PAUSE (0 s),
 #      STEPS (a subset of the `all` steps, in order).
 set -euo pipefail
@@ -52,7 +55,7 @@ SLURM_UID=401                      # uid and gid of `slurm` in the slurmd image,
 if [ "$CLUSTER" = 1 ]; then CGROUP_PARENT=${CGROUP_PARENT:-/mgk8s$SFX}; else CGROUP_PARENT=${CGROUP_PARENT:-/mgtb$SFX}; fi
 export MGTB_CGROUP_PARENT=$CGROUP_PARENT
 MIRROR=${MIRROR:-$( { grep -h -o -m1 -E '^(URIs:|deb) +[^ ]+' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null || true; } | head -1 | awk '{print $2}')}
-PKGS="containerd runc busybox-static slurmd slurmctld slurm-client munge pciutils hwloc"
+PKGS="containerd runc busybox-static slurmd slurmctld slurm-client slurmrestd slurm-wlm-jwt-plugin munge pciutils hwloc"
 if [ "$CLUSTER" = 1 ]; then
   # shellcheck source=../k8s-versions.sh
   . "$REPO/tests/k8s-versions.sh"
@@ -365,7 +368,7 @@ phase_down() {
   log "down"
   if [ "$CLUSTER" = 1 ]; then cluster_down; fi
   if [ -S "$CRI_SOCKET" ] && [ -x "$CRI_BIN" ]; then timeout 60 "$CRI_BIN" --socket "$CRI_SOCKET" down > /dev/null 2>&1; fi
-  stop_kinds TERM agent munged slurmctld
+  stop_kinds TERM agent mute slurmrestd munged slurmctld
   stop_kinds TERM containerd
   # container processes and shims left behind (containerd gone before removal): by cgroup and by
   # the node's mount namespace, both ours alone
@@ -473,10 +476,12 @@ case "${1:-}" in
   smoke) step smoke-pod smoke_pod; step smoke-slurm smoke_slurm; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
   agent-up) agent_up ;;
   agent-down) stop_kinds TERM agent ;;
+  slurmrestd) step slurmrestd-delete-node scenario_slurmrestd; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
   scenarios) run_scenarios; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
   latency) scenario_latency ;;
   cri) shift; cri "$@" ;;
   env) print_env ;;
+  control-plane) [ "$CLUSTER" = 1 ] || fail "control-plane: cluster mode only (CLUSTER=1)"; step control-plane control_plane_up; [ $FAILED = 0 ] ;;
   cluster-up) [ "$CLUSTER" = 1 ] || fail "cluster-up: cluster mode only (CLUSTER=1)"; cluster_up; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
   kubectl) [ "$CLUSTER" = 1 ] || fail "kubectl: cluster mode only (CLUSTER=1)"; shift; kc "$@" ;;
   down) phase_down ;;

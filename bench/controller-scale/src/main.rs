@@ -1,0 +1,285 @@
+//! The controller's scale benchmark, driven by `bench/controller-scale.sh` against a real API
+//! server: bulk creation of GpuNodes, and a full resync of all of them through kube-runtime's
+//! `Controller` (the machinery `mockgpu-controller run` is built on) with a reconcile that only
+//! counts, measured in the process itself: CPU time (getrusage) and resident memory (VmRSS)
+//! once every listed object has been reconciled.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use mockgpu_api::GpuNode;
+use mockgpu_api::gpunode::{AGENT_MANAGER, GpuNodeGpu, GpuNodeSpec, Mode, condition};
+use tokio::sync::Notify;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create GpuNodes `<prefix>-00000`, ... with `--gpus` GPUs each.
+    Create {
+        #[arg(long, default_value_t = 5000)]
+        count: usize,
+        #[arg(long, default_value_t = 8)]
+        gpus: u32,
+        /// Requests in flight.
+        #[arg(long, default_value_t = 32)]
+        parallel: usize,
+        #[arg(long, default_value = "bench-node")]
+        prefix: String,
+    },
+    /// Delete every GpuNode.
+    DeleteAll,
+    /// List and reconcile every GpuNode once; print the CPU time and RSS it took.
+    Resync {
+        /// The number of GpuNodes there must be.
+        #[arg(long)]
+        expect: usize,
+        /// Drop each object's managedFields before the store keeps it (kube-runtime's `modify`).
+        #[arg(long)]
+        strip_managed_fields: bool,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+}
+
+/// A GPU as the agent reports an 8-GPU HGX node: two sockets, four GPUs on each.
+fn gpu(node: usize, i: u32, gpus: u32) -> GpuNodeGpu {
+    let socket = if i < gpus / 2 { 0 } else { 1 };
+    GpuNodeGpu {
+        index: i,
+        minor: i,
+        uuid: format!("GPU-{node:08x}-{i:04x}-4d6f-636b-475055{i:06x}"),
+        bus_id: format!("0000:{:02x}:00.0", 0x18 + i * 0x10),
+        model: "NVIDIA H100 80GB HBM3".to_owned(),
+        memory_mib: Some(81559),
+        numa_node: i32::try_from(socket).unwrap_or(-1),
+        local_cpulist: if socket == 0 {
+            "0-55,112-167"
+        } else {
+            "56-111,168-223"
+        }
+        .to_owned(),
+        socket,
+    }
+}
+
+fn gpu_node(prefix: &str, node: usize, gpus: u32) -> GpuNode {
+    let name = format!("{prefix}-{node:05}");
+    let spec = GpuNodeSpec::new(
+        &name,
+        Mode::Mock,
+        "h100",
+        (0..gpus).map(|i| gpu(node, i, gpus)).collect(),
+    );
+    GpuNode::new(&name, spec)
+}
+
+/// The status an agent reports for a fresh, healthy node (heartbeat now, `Ready`, nothing pinned).
+fn agent_status(name: &str) -> serde_json::Value {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    serde_json::json!({
+        "apiVersion": "mockgpu.io/v1alpha1",
+        "kind": "GpuNode",
+        "metadata": {"name": name},
+        "status": {
+            "agentVersion": "bench",
+            "lastHeartbeat": now,
+            "topologySince": now,
+            "heldGpus": 0,
+            "pinning": [],
+            "conditions": [{
+                "type": condition::READY, "status": "True", "reason": "Serving",
+                "message": "the mock tree is mounted", "lastTransitionTime": now,
+            }],
+        },
+    })
+}
+
+/// Creates the GpuNodes and applies their agent status (two requests each, as an agent does).
+async fn create(
+    api: Api<GpuNode>,
+    count: usize,
+    gpus: u32,
+    parallel: usize,
+    prefix: &str,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let (pp, apply) = (PostParams::default(), PatchParams::apply(AGENT_MANAGER));
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let (api, pp, apply, obj) = (&api, &pp, &apply, gpu_node(prefix, i, gpus));
+            async move {
+                let name = obj.name_any();
+                api.create(pp, &obj)
+                    .await
+                    .with_context(|| format!("creating {name}"))?;
+                api.patch_status(&name, apply, &Patch::Apply(agent_status(&name)))
+                    .await
+                    .with_context(|| format!("status of {name}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(parallel.max(1))
+        .try_for_each(|_| async { Ok(()) })
+        .await?;
+    println!(
+        "created count={count} gpus={gpus} parallel={parallel} ms={}",
+        t.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+/// CPU time of this process so far (user, system).
+fn cpu_time() -> (Duration, Duration) {
+    // SAFETY: getrusage writes the struct it is given and nothing else.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let d = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    (d(ru.ru_utime), d(ru.ru_stime))
+}
+
+/// This process's resident set, in KiB.
+fn rss_kib() -> anyhow::Result<u64> {
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS in /proc/self/status")
+}
+
+struct Counter {
+    reconciled: AtomicUsize,
+    changed: Notify,
+}
+
+/// Every `Controller::new` does, with a signal of its own at the end of the initial list: the
+/// store's `wait_until_ready` cannot serve as one, since its oneshot keeps a single waker and the
+/// controller's runner waits on it too (whichever polled first is never woken).
+async fn resync(
+    api: Api<GpuNode>,
+    expect: usize,
+    strip: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let ctx = Arc::new(Counter {
+        reconciled: AtomicUsize::new(0),
+        changed: Notify::new(),
+    });
+    let listed = Arc::new(Notify::new());
+    let (reader, writer) = reflector::store();
+    let signal = listed.clone();
+    let events =
+        watcher::watcher(api, watcher::Config::default()).modify(move |o: &mut GpuNode| {
+            if strip {
+                o.managed_fields_mut().clear();
+            }
+        });
+    // after the reflector: the store holds the whole list when InitDone passes here
+    let trigger = reflector(writer, events)
+        .inspect_ok(move |e| {
+            if matches!(e, watcher::Event::InitDone) {
+                signal.notify_one();
+            }
+        })
+        .applied_objects();
+    let controller = Controller::for_stream(trigger, reader.clone());
+    let run = controller.run(
+        |_obj: Arc<GpuNode>, ctx: Arc<Counter>| async move {
+            ctx.reconciled.fetch_add(1, Ordering::Relaxed);
+            ctx.changed.notify_one();
+            Ok::<_, kube::Error>(Action::await_change())
+        },
+        |_obj, _err, _ctx| Action::requeue(Duration::from_secs(1)),
+        ctx.clone(),
+    );
+    tokio::spawn(run.for_each(|_| async {}));
+    let done = async {
+        listed.notified().await;
+        let listed = t.elapsed();
+        let n = reader.state().len();
+        if n != expect {
+            bail!("{n} GpuNodes listed, want {expect}");
+        }
+        while ctx.reconciled.load(Ordering::Relaxed) < n {
+            ctx.changed.notified().await;
+        }
+        Ok(listed)
+    };
+    let listed = tokio::time::timeout(timeout, done)
+        .await
+        .with_context(|| format!("not all {expect} GpuNodes reconciled within {timeout:?}"))??;
+    let (user, sys) = cpu_time();
+    println!(
+        "resync objects={expect} strip_managed_fields={strip} reconciled={} listed_ms={} reconciled_ms={} cpu_ms={} user_ms={} sys_ms={} rss_kib={}",
+        ctx.reconciled.load(Ordering::Relaxed),
+        listed.as_millis(),
+        t.elapsed().as_millis(),
+        (user + sys).as_millis(),
+        user.as_millis(),
+        sys.as_millis(),
+        rss_kib()?
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let api: Api<GpuNode> = Api::all(
+        Client::try_default()
+            .await
+            .context("connecting to the API server")?,
+    );
+    match cli.command {
+        Command::Create {
+            count,
+            gpus,
+            parallel,
+            prefix,
+        } => create(api, count, gpus, parallel, &prefix).await,
+        Command::DeleteAll => {
+            api.delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await?;
+            Ok(())
+        }
+        Command::Resync {
+            expect,
+            strip_managed_fields,
+            timeout,
+        } => {
+            resync(
+                api,
+                expect,
+                strip_managed_fields,
+                Duration::from_secs(timeout),
+            )
+            .await
+        }
+    }
+}
