@@ -102,6 +102,15 @@ want "$D" "controller RBAC: exactly its verbs, no Secret without remediation" \
      {g: [""], r: ["nodes"], v: ["get", "list", "patch", "watch"], n: null},
      {g: [""], r: ["pods"], v: ["delete", "get", "list", "watch"], n: null},
      {g: ["events.k8s.io"], r: ["events"], v: ["create", "patch"], n: null}]'
+want "$D" "uninstall cleanup: a post-delete Job running mockgpu-controller cleanup, with exactly its verbs" \
+  'obj("ClusterRole"; "'$F'-cleanup") | rules == [
+     {g: ["mockgpu.io"], r: ["gpunodes"], v: ["delete", "list"], n: null},
+     {g: [""], r: ["nodes"], v: ["list", "patch"], n: null}]
+   and .metadata.annotations["helm.sh/hook"] == "post-delete"'
+want "$D" "uninstall cleanup Job" \
+  'obj("Job"; "'$F'-cleanup") | .metadata.annotations["helm.sh/hook"] == "post-delete"
+   and (pod | .serviceAccountName == "'$F'-cleanup" and .securityContext.runAsNonRoot == true
+        and ctr("cleanup").command == ["/usr/bin/mockgpu-controller", "cleanup"])'
 want "$D" "controller Role: the Lease only" \
   'obj("Role"; "'$F'-controller") | .metadata.namespace == "'$NS'" and rules == [
      {g: ["coordination.k8s.io"], r: ["leases"], v: ["create", "get", "update"], n: null}]'

@@ -1,6 +1,7 @@
 //! mockgpu's central controller: node labels and GpuNode conditions from the agents' GpuNodes,
 //! leader election, opt-in remediation through Slurm.
 
+pub mod cleanup;
 pub mod crd;
 pub mod labels;
 pub mod lease;

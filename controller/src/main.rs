@@ -28,6 +28,9 @@ enum Command {
     /// from the agents' GpuNodes, and opt-in remediation. Replicas elect a leader through a
     /// Lease; only the leader acts, the others stand by (all are ready).
     Run(Box<RunArgs>),
+    /// Delete every GpuNode and remove mockgpu's labels from every node (the chart runs this
+    /// after `helm uninstall`, when no controller is left to do it).
+    Cleanup(CleanupArgs),
     /// Delete one node's Slurm record through slurmrestd, as remediation does (prints `deleted`
     /// or `already gone`); for trying the credentials and for doing it by hand.
     SlurmDeleteNode(SlurmDeleteNode),
@@ -87,6 +90,13 @@ struct RunArgs {
     kubeconfig: Option<PathBuf>,
 }
 
+#[derive(Args)]
+struct CleanupArgs {
+    /// Kubeconfig file (default: in-cluster service account, else $KUBECONFIG or ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
 /// A GPU container gets this long to show up in the agent's pinning before it counts as
 /// InjectionMissing (the agent reports pinning changes well within it).
 const INJECTION_GRACE: Duration = Duration::from_secs(60);
@@ -104,6 +114,21 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => tokio::runtime::Runtime::new()
             .context("cannot start the async runtime")?
             .block_on(run_controller(*args))?,
+        Command::Cleanup(a) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?
+            .block_on(async {
+                let done =
+                    mockgpu_controller::cleanup::cleanup(client(a.kubeconfig.as_deref()).await?)
+                        .await
+                        .context("cleaning up")?;
+                println!(
+                    "deleted {} GpuNodes, removed mockgpu's labels from {} nodes",
+                    done.gpunodes, done.nodes
+                );
+                anyhow::Ok(())
+            })?,
         Command::SlurmDeleteNode(a) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -113,8 +138,9 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
-    let client = match &args.kubeconfig {
+/// A client from `kubeconfig`, else the in-cluster service account or the default kubeconfig.
+async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -128,7 +154,11 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
                 .await
                 .context("no Kubernetes credentials (in-cluster or kubeconfig)")?,
         )?,
-    };
+    })
+}
+
+async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
+    let client = client(args.kubeconfig.as_deref()).await?;
     let cfg = Config {
         namespace: args.namespace,
         identity: args.identity,

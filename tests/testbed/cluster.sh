@@ -1272,6 +1272,70 @@ scenario_gpunode_heartbeat() {  # lastHeartbeat advances (--heartbeat 3)
   echo "  lastHeartbeat $b0 -> $(gn '{.status.lastHeartbeat}') (agent $(gn '{.status.agentVersion}'))"
 }
 
+# ---------------------------------------------------------------------------------------------
+# the chart as a user installs it (the README's command), with the test bed's images, in place of
+# the host agent; `helm test`; `helm uninstall` leaves nothing behind
+
+CHART_NS=mockgpu-system
+# what the test bed adds to the README's install: its own images, and the API server on the
+# node's loopback (there is no kube-proxy to answer the `kubernetes` service's address)
+CHART_TB_VALUES=(--set agent.image.repository=localhost/mockgpu-agent --set agent.image.tag=1
+  --set agent.image.pullPolicy=Never --set controller.image.repository=localhost/mockgpu-controller
+  --set controller.image.tag=1 --set controller.image.pullPolicy=Never
+  --set controller.hostNetwork=true --set controller.replicas=1 --set agent.keeper.enabled=false
+  --set 'agent.extraEnv[0].name=KUBERNETES_SERVICE_HOST' --set-string 'agent.extraEnv[0].value=127.0.0.1'
+  --set 'agent.extraEnv[1].name=KUBERNETES_SERVICE_PORT' --set-string 'agent.extraEnv[1].value=6443'
+  --set 'controller.extraEnv[0].name=KUBERNETES_SERVICE_HOST' --set-string 'controller.extraEnv[0].value=127.0.0.1'
+  --set 'controller.extraEnv[1].name=KUBERNETES_SERVICE_PORT' --set-string 'controller.extraEnv[1].value=6443')
+# the README's install command (tests/guide.sh checks that the README says exactly this)
+CHART_INSTALL=(install mockgpu "$REPO/charts/mockgpu" --namespace "$CHART_NS" --create-namespace --set agent.devicePlugin.enabled=true)
+
+node_label() { kc get node "$NODE" -o jsonpath="{.metadata.labels.${1//./\\.}}"; }
+node_label_is() { [ "$(node_label "$1")" = "$2" ]; }
+mockgpu_mounts() { grep -c ' - fuse[^ ]* mockgpu ' "/proc/$(nodepid)/mountinfo" || true; }
+no_mockgpu_mounts() { [ "$(mockgpu_mounts)" = 0 ]; }
+mockgpu_devices() { find "$R/run/mockgpu" -type c 2> /dev/null | wc -l; }
+
+scenario_chart_install() {
+  # the steps before left a host agent and objects of the same names as the chart's
+  stop_kinds TERM agent
+  wait_for 30 "the host agent's FUSE mount gone" no_mockgpu_mounts || fail "the host agent left $(mockgpu_mounts) mounts"
+  kc delete namespace "$CHART_NS" --ignore-not-found --timeout=120s > /dev/null
+  kc delete clusterrolebinding,clusterrole mockgpu-agent mockgpu-controller --ignore-not-found > /dev/null
+  local t; t=$(date +%s%N)
+  hc "${CHART_INSTALL[@]}" "${CHART_TB_VALUES[@]}" --wait --timeout 180s > "$ST/helm-install.txt" 2>&1 \
+    || { cat "$ST/helm-install.txt"; kc -n "$CHART_NS" get pods -o wide; kc -n "$CHART_NS" describe pods | tail -40; fail "helm install of charts/mockgpu"; }
+  timing chart-install "$(ms "$t") ms (helm install --wait)"
+  grep -q 'kubectl get gpunodes' "$ST/helm-install.txt" || fail "helm install printed no NOTES (what to check next)"
+  kc -n "$CHART_NS" rollout status ds/mockgpu-agent-default --timeout=60s > /dev/null || fail "the agent DaemonSet is not rolled out"
+  wait_for 60 "GpuNode $NODE Ready" gn_ready || { kc -n "$CHART_NS" logs ds/mockgpu-agent-default -c agent | tail -20; fail "no Ready GpuNode from the chart's agent"; }
+  kc get gpunodes | sed 's/^/  /'
+  [ "$(gn '{.spec.mode}/{.spec.profile}/{.spec.gpuCount}')" = mock/gb300/4 ] || fail "GpuNode spec: $(gn '{.spec.mode}/{.spec.profile}/{.spec.gpuCount}')"
+  wait_for 60 "label feature.node.kubernetes.io/pci-10de.present=true" node_label_is feature.node.kubernetes.io/pci-10de.present true \
+    || { kc -n "$CHART_NS" logs deploy/mockgpu-controller | tail -20; fail "the controller did not label the node"; }
+  wait_for 60 "allocatable $RES = 4" allocatable_is 4 || fail "allocatable $RES is '$(allocatable)' with the chart's agent"
+  echo "  labels: $(kc get node "$NODE" -o json | jq -r '.metadata.labels | to_entries | map(select(.key | test("mockgpu|nvidia|pci-10de"))) | map("\(.key)=\(.value)") | join(" ")')"
+  # the user's path: a pod asking for GPUs gets them and the driver files
+  local ns=chart-jobs; dp_ns "$ns"; dp_pod gpu-2 2 "$ns"
+  kc -n "$ns" wait --for=condition=Ready pod/gpu-2 --timeout=120s > /dev/null || { kc -n "$ns" describe pod gpu-2 | tail -20; fail "a pod with 2 GPUs did not start"; }
+  local gpus; gpus=$(kc -n "$ns" exec gpu-2 -- ls /proc/driver/nvidia/gpus | wc -l)
+  [ "$gpus" = 4 ] || fail "the pod with 2 GPUs sees $gpus GPUs in /proc/driver/nvidia/gpus, want the node's 4"
+  kc delete namespace "$ns" --wait=false > /dev/null
+  t=$(date +%s%N)
+  hc test mockgpu --namespace "$CHART_NS" --logs > "$ST/helm-test.txt" 2>&1 || { cat "$ST/helm-test.txt"; fail "helm test (mockgpu-agent doctor)"; }
+  timing chart-helm-test "$(ms "$t") ms"
+  grep -E '^(ok|OK|FAIL|fail|skip|SKIP)' "$ST/helm-test.txt" | sed 's/^/  doctor: /' | head -20
+  t=$(date +%s%N)
+  hc uninstall mockgpu --namespace "$CHART_NS" --wait --timeout 180s > /dev/null || fail "helm uninstall"
+  timing chart-uninstall "$(ms "$t") ms"
+  wait_for 60 "no mockgpu FUSE mount in the node" no_mockgpu_mounts || fail "helm uninstall left $(mockgpu_mounts) FUSE mounts"
+  [ "$(mockgpu_devices)" = 0 ] || fail "helm uninstall left device nodes: $(find "$R/run/mockgpu" -type c | tr '\n' ' ')"
+  local k; for k in mockgpu.io/profile nvidia.com/gpu.present nvidia.com/gpu.count nvidia.com/gpu.product feature.node.kubernetes.io/pci-10de.present; do
+    [ -z "$(node_label "$k")" ] || fail "helm uninstall left the label $k=$(node_label "$k")"
+  done
+  echo "  uninstalled: no FUSE mount, no device node under /run/mockgpu, no mockgpu label on $NODE"
+}
+
 run_cluster_scenarios() {
   step node-ready scenario_node_ready
   step pod-daemonset-exec scenario_workloads
@@ -1301,6 +1365,7 @@ run_cluster_scenarios() {
   step controller-gpunode-deleted scenario_controller_gpunode_deleted
   if slinky_supported; then step slinky-slurm scenario_slinky_slurm
   else log "slinky-slurm: left out: the node root has Slurm $(innode slurmd -V | awk '{print $2}'), Slinky's operator supports 25.11 and later (SUITE=sid has 26.05)"; fi
+  step chart-install scenario_chart_install
 }
 
 cluster_down() {  # (phase_down, first) the kubelet before the runtime, so that it restarts nothing
