@@ -110,6 +110,9 @@ pub enum ServeError {
     /// The device plugin failed (or refused to start).
     #[error(transparent)]
     DevicePlugin(#[from] device_plugin::DevicePluginError),
+    /// The keeper could not be reached or started.
+    #[error(transparent)]
+    Keeper(#[from] crate::keeper::KeeperError),
 }
 
 impl ProfileSource {
@@ -200,6 +203,9 @@ pub struct ServeConfig {
     pub nri: Option<mockgpu_nri::Config>,
     /// The kubelet device plugin's settings, when enabled.
     pub device_plugin: Option<device_plugin::Config>,
+    /// Serve through the keeper (started when none runs), which holds the mount while agents
+    /// restart; root only (otherwise the agent mounts itself, as without).
+    pub keeper: bool,
 }
 
 /// The agent's live state, shared by the reload loop, the NRI plugin and the health endpoint.
@@ -372,24 +378,33 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
     let (topo, tree) = build(&profile, &cfg.node_name, &cfg.sysfs, &cfg.procfs)?;
     let dir = cfg.layout.host_dir();
     let mountpoint = cfg.layout.mount_point();
-    if nix::unistd::geteuid().is_root() {
-        mounts::make_shared(&crate::sys::Linux, dir)?;
-    } else {
-        tracing::warn!(dir = %dir.display(), "not root: cannot make the directory a shared mount; containers will not see agent restarts");
-    }
-    if mounts::detach_stale(&crate::sys::Linux, &mountpoint)? {
-        tracing::warn!(mountpoint = %mountpoint.display(), "detached a stale mount left by a previous agent");
-    }
-    fs::create_dir_all(&mountpoint).map_err(|source| ServeError::Install {
-        path: mountpoint.clone(),
-        source,
-    })?;
-    install_shim(&cfg.layout)?;
-    let mounted = crate::fs::mount(&tree, &mountpoint, Some(&cfg.sysfs)).map_err(|source| {
-        ServeError::Fuse {
+    let root = nix::unistd::geteuid().is_root();
+    // The keeper makes the directory shared and mounts; a live keeper's mount stays as it is.
+    let relay = (cfg.keeper && root)
+        .then(|| crate::keeper::attach(&cfg.layout))
+        .transpose()?;
+    if relay.is_none() {
+        if root {
+            mounts::make_shared(&crate::sys::Linux, dir)?;
+        } else {
+            tracing::warn!(dir = %dir.display(), "not root: cannot make the directory a shared mount; containers will not see agent restarts");
+        }
+        if mounts::detach_stale(&crate::sys::Linux, &mountpoint)? {
+            tracing::warn!(mountpoint = %mountpoint.display(), "detached a stale mount left by a previous agent");
+        }
+        fs::create_dir_all(&mountpoint).map_err(|source| ServeError::Install {
             path: mountpoint.clone(),
             source,
-        }
+        })?;
+    }
+    install_shim(&cfg.layout)?;
+    let mounted = match relay {
+        Some(conn) => crate::fs::serve_relayed(&tree, conn, &mountpoint, Some(&cfg.sysfs)),
+        None => crate::fs::mount(&tree, &mountpoint, Some(&cfg.sysfs)),
+    }
+    .map_err(|source| ServeError::Fuse {
+        path: mountpoint.clone(),
+        source,
     })?;
     let warmed = mounted.handle.warm(&tree);
     tracing::info!(
@@ -530,6 +545,7 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     }
     state.mounted.store(false, Ordering::Release);
     let mountpoint = cfg.layout.mount_point();
+    let relayed = mounted.is_relayed();
     tokio::task::spawn_blocking(move || {
         let _ = reloader.join();
         mounted.unmount()
@@ -541,7 +557,11 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         source,
     })?;
     let _ = health_task.await;
-    tracing::info!("driver tree unmounted");
+    if relayed {
+        tracing::info!("driver tree left to the keeper");
+    } else {
+        tracing::info!("driver tree unmounted");
+    }
     match device_plugin_result {
         Some(Ok(Err(e))) => Err(e.into()),
         _ => Ok(()),

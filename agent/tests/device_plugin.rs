@@ -498,6 +498,8 @@ fn serve_advertises_the_gpus_and_follows_profile_changes() {
             let mut agent = Agent(
                 std::process::Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
                     .arg("serve")
+                    // The agent mounts by itself: a keeper would outlive the test (tests/handover.rs covers it).
+                    .env("MOCKGPU_KEEPER", "off")
                     .args(["--node-name", "node-0", "--reload-interval", "0.05"])
                     .arg("--profile-file")
                     .arg(&profile)

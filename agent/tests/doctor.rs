@@ -115,6 +115,8 @@ impl Agent {
         let log = node.run.with_extension("log");
         let child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
             .arg("serve")
+            // The agent mounts by itself: a keeper would outlive the test (tests/handover.rs covers it).
+            .env("MOCKGPU_KEEPER", "off")
             .args(["--node-name", "node-0", "--profile", "gb300"])
             .args(["--listen", "127.0.0.1:0"])
             .arg("--dir")

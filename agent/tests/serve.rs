@@ -63,6 +63,8 @@ impl Agent {
     fn start(args: &[&std::ffi::OsStr]) -> Agent {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
             .arg("serve")
+            // The agent mounts by itself: a keeper would outlive the test (tests/handover.rs covers it).
+            .env("MOCKGPU_KEEPER", "off")
             .args(args)
             .args(["--listen", "127.0.0.1:0"])
             .stderr(Stdio::piped())

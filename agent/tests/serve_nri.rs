@@ -128,6 +128,8 @@ impl Agent {
         let mut command = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"));
         command
             .arg("serve")
+            // The agent mounts by itself: a keeper would outlive the test (tests/handover.rs covers it).
+            .env("MOCKGPU_KEEPER", "off")
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

@@ -7,6 +7,7 @@
 //! │   └── prefixes              the GPUs' sysfs directories the shim also redirects
 //! ├── lib/libmockfs.so          the shim
 //! ├── dev/                      device nodes the device plugin hands to the kubelet
+//! ├── keeper.sock               the keeper, which holds the FUSE connection across agent restarts
 //! └── ld.so.preload             one line: the shim as containers see it
 //! ```
 
@@ -90,6 +91,12 @@ impl Layout {
         self.host.join("dev")
     }
 
+    /// The socket of the keeper, the process that holds the FUSE connection while agents come
+    /// and go (`/run/mockgpu/keeper.sock`).
+    pub fn keeper_socket(&self) -> PathBuf {
+        self.host.join("keeper.sock")
+    }
+
     /// The `ld.so.preload` file bound onto containers' `/etc/ld.so.preload`.
     pub fn ld_so_preload(&self) -> PathBuf {
         self.host.join("ld.so.preload")
@@ -126,6 +133,7 @@ mod tests {
         assert_eq!(l.mount_point(), Path::new("/run/mockgpu/fs"));
         assert_eq!(l.lib_dir(), Path::new("/run/mockgpu/lib"));
         assert_eq!(l.dev_dir(), Path::new("/run/mockgpu/dev"));
+        assert_eq!(l.keeper_socket(), Path::new("/run/mockgpu/keeper.sock"));
         assert_eq!(l.ld_so_preload(), Path::new("/run/mockgpu/ld.so.preload"));
         assert_eq!(l.ld_so_preload_content(), "/run/mockgpu/lib/libmockfs.so\n");
         assert!(l.container_root_is_default());
