@@ -796,6 +796,13 @@ impl Mounted {
         self.relay.is_some()
     }
 
+    /// Whether the FUSE threads still serve (they end when the keeper's connection closes).
+    pub fn serving(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|s| !s.guard.is_finished())
+    }
+
     fn unmount_inner(&mut self) -> io::Result<()> {
         let Some(session) = self.session.take() else {
             return Ok(());

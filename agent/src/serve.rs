@@ -113,6 +113,12 @@ pub enum ServeError {
     /// The keeper could not be reached or started.
     #[error(transparent)]
     Keeper(#[from] crate::keeper::KeeperError),
+    /// The keeper closed the connection (it died): the mount is dead until a new keeper mounts.
+    #[error("the keeper at {socket} closed the FUSE connection; restart the agent to mount afresh")]
+    KeeperLost {
+        /// The keeper's socket.
+        socket: PathBuf,
+    },
 }
 
 impl ProfileSource {
@@ -526,9 +532,24 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
             None => std::future::pending().await,
         }
     };
+    // The keeper dying ends the connection and the agent with it: a successor mounts afresh.
+    let keeper_gone = async {
+        if !mounted.is_relayed() {
+            return std::future::pending().await;
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        while mounted.serving() {
+            tick.tick().await;
+        }
+    };
+    let mut keeper_lost = false;
     let device_plugin_result = tokio::select! {
         _ = shutdown => None,
         result = device_plugin_failed => Some(result),
+        () = keeper_gone => {
+            keeper_lost = true;
+            None
+        }
     };
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
@@ -557,6 +578,11 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         source,
     })?;
     let _ = health_task.await;
+    if keeper_lost {
+        return Err(ServeError::KeeperLost {
+            socket: cfg.layout.keeper_socket(),
+        });
+    }
     if relayed {
         tracing::info!("driver tree left to the keeper");
     } else {

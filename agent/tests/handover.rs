@@ -152,26 +152,40 @@ fn alive(pid: i32) -> bool {
     })
 }
 
+impl Setup {
+    /// Directories below `dir`: the agent's (`run`), a fake procfs and the logs.
+    fn new(dir: &Path) -> Setup {
+        let setup = Setup {
+            run: dir.join("run"),
+            sysfs: fixture("two-socket"),
+            procfs: dir.join("proc"),
+            logs: dir.join("logs"),
+        };
+        fs::create_dir_all(&setup.procfs).unwrap();
+        fs::write(setup.procfs.join("devices"), common::HOST_DEVICES).unwrap();
+        fs::create_dir_all(&setup.logs).unwrap();
+        setup
+    }
+
+    /// The keeper that agent `n` started.
+    fn keeper_of(&self, n: usize) -> i32 {
+        let log = self.log(&format!("agent-{n}"));
+        logged_pid(&log, "started a keeper pid=")
+            .unwrap_or_else(|| panic!("agent {n} started no keeper:\n{log}"))
+    }
+}
+
 #[test]
 fn reads_never_fail_across_agent_restarts_and_a_keeper_handover() {
     let dir = tempfile::tempdir().unwrap();
-    let setup = Setup {
-        run: dir.path().join("run"),
-        sysfs: fixture("two-socket"),
-        procfs: dir.path().join("proc"),
-        logs: dir.path().join("logs"),
-    };
-    fs::create_dir_all(&setup.procfs).unwrap();
-    fs::write(setup.procfs.join("devices"), common::HOST_DEVICES).unwrap();
-    fs::create_dir_all(&setup.logs).unwrap();
+    let setup = Setup::new(dir.path());
     let mnt = setup.mount_point();
     in_private_namespace(|| {
         let mut procs = Procs::default();
         let mut agent = setup.agent(0);
         procs.0.push(agent.id() as i32);
         setup.wait_ready(0);
-        let keeper = logged_pid(&setup.log("agent-0"), "started a keeper pid=")
-            .unwrap_or_else(|| panic!("no keeper started:\n{}", setup.log("agent-0")));
+        let keeper = setup.keeper_of(0);
         procs.0.push(keeper);
         read_round(&mnt).unwrap();
 
@@ -252,4 +266,48 @@ fn keeper_help_names_the_socket_and_the_handover() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("keeper.sock"), "{help}");
     assert!(help.contains("--idle-after-handover"), "{help}");
+}
+
+#[test]
+fn a_killed_keeper_ends_the_agent_and_the_next_agent_mounts_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup::new(dir.path());
+    let mnt = setup.mount_point();
+    in_private_namespace(|| {
+        let mut procs = Procs::default();
+        let mut agent = setup.agent(0);
+        procs.0.push(agent.id() as i32);
+        setup.wait_ready(0);
+        let keeper = setup.keeper_of(0);
+        procs.0.push(keeper);
+        read_round(&mnt).unwrap();
+
+        // The connection dies with its last descriptor: what needs the agent fails.
+        kill(Pid::from_raw(keeper), Signal::SIGKILL).unwrap();
+        wait_for("the mount to be dead", || {
+            fs::symlink_metadata(mnt.join(".mockgpu-liveness-probe"))
+                .is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
+        });
+        let mut status = None;
+        wait_for("the agent to exit", || {
+            status = agent.try_wait().unwrap();
+            status.is_some()
+        });
+        let log = setup.log("agent-0");
+        assert!(!status.unwrap().success(), "{log}");
+        assert!(log.contains("closed the FUSE connection"), "{log}");
+
+        // The next agent starts a new keeper, which detaches the dead mount and mounts afresh.
+        let next = setup.agent(1);
+        procs.0.push(next.id() as i32);
+        setup.wait_ready(1);
+        let second = setup.keeper_of(1);
+        procs.0.push(second);
+        assert!(
+            setup.log("agent-1").contains("detached a stale mount"),
+            "{}",
+            setup.log("agent-1")
+        );
+        read_round(&mnt).unwrap();
+    })
 }
