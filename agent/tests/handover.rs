@@ -298,7 +298,7 @@ fn a_killed_keeper_ends_the_agent_and_the_next_agent_mounts_afresh() {
         assert!(log.contains("closed the FUSE connection"), "{log}");
 
         // The next agent starts a new keeper, which detaches the dead mount and mounts afresh.
-        let next = setup.agent(1);
+        let mut next = setup.agent(1);
         procs.0.push(next.id() as i32);
         setup.wait_ready(1);
         let second = setup.keeper_of(1);
@@ -309,5 +309,7 @@ fn a_killed_keeper_ends_the_agent_and_the_next_agent_mounts_afresh() {
             setup.log("agent-1")
         );
         read_round(&mnt).unwrap();
+        next.kill().unwrap();
+        next.wait().unwrap();
     })
 }
