@@ -809,10 +809,15 @@ impl Mounted {
         };
         self.handle.unpin();
         if let Some(conn) = self.relay.take() {
-            // The FUSE threads read what is queued, then an end of file, and stop.
-            nix::sys::socket::shutdown(conn.as_raw_fd(), nix::sys::socket::Shutdown::Read)?;
+            // The keeper answers with one DESTROY per thread, behind what it sent before.
+            let bye = [crate::keeper::BYE, &[FUSE_THREADS as u8]].concat();
+            let flags = nix::sys::socket::MsgFlags::MSG_NOSIGNAL;
+            if nix::sys::socket::send(conn.as_raw_fd(), &bye, flags).is_err() {
+                // The keeper is gone: the threads read an end of file, if they have not yet.
+                nix::sys::socket::shutdown(conn.as_raw_fd(), nix::sys::socket::Shutdown::Read)?;
+            }
             return match session.join() {
-                // fuser calls the end of file an invalid request.
+                // fuser calls an end of file an invalid request.
                 Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(()),
                 other => other,
             };
@@ -877,6 +882,9 @@ fn mounted(
     }
 }
 
+/// Threads reading FUSE requests.
+const FUSE_THREADS: usize = 2;
+
 /// The session settings of the driver tree's mount.
 fn config() -> Config {
     let mut config = Config::default();
@@ -893,7 +901,7 @@ fn config() -> Config {
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(2);
+    config.n_threads = Some(FUSE_THREADS);
     config
 }
 

@@ -43,6 +43,12 @@ use crate::sys::Linux;
 const AGENT_HELLO: &[u8] = b"mockgpu-agent 1";
 /// What a keeper that takes over sends first.
 const KEEPER_HELLO: &[u8] = b"mockgpu-keeper 1";
+/// What an agent sends when it stops taking requests, followed by one byte: how many FUSE
+/// threads it runs. The keeper sends it no new request and answers with as many `DESTROY`
+/// requests, behind those it sent before: each thread serves what came first, then ends there.
+pub const BYE: &[u8] = b"mockgpu-agent bye";
+/// The `unique` of those made-up `DESTROY` requests (the kernel's never come near it).
+const DESTROY_UNIQUE: u64 = u64::MAX;
 /// The new keeper's word that it holds everything: the old one may exit.
 const ACK: &[u8] = b"ack";
 /// What a keeper prints on its standard output once it listens (read by the agent that
@@ -64,6 +70,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 // The FUSE opcodes (linux/fuse.h) the relay tells apart.
 const FUSE_FORGET: u32 = 2;
 const FUSE_INIT: u32 = 26;
+const FUSE_DESTROY: u32 = 38;
 const FUSE_INTERRUPT: u32 = 36;
 const FUSE_BATCH_FORGET: u32 = 42;
 
@@ -584,7 +591,10 @@ impl Relay {
                 Ok(0) => break,
                 Ok(n) => {
                     let msg = self.buf[..n].to_vec();
-                    self.reply(&msg);
+                    match msg.strip_prefix(BYE) {
+                        Some(&[threads]) => self.bye(idx, threads),
+                        _ => self.reply(&msg),
+                    }
                 }
                 Err(Errno::EAGAIN) => return,
                 Err(Errno::EINTR) => {}
@@ -609,6 +619,23 @@ impl Relay {
             agents = self.agents.len(),
             "agent disconnected"
         );
+    }
+
+    /// Agent `idx` stops: it gets nothing new, and one `DESTROY` per FUSE thread.
+    fn bye(&mut self, idx: usize, threads: u8) {
+        let agent = &mut self.agents[idx];
+        agent.closing = true;
+        let mut destroy = vec![0u8; 40];
+        destroy[0..4].copy_from_slice(&40u32.to_ne_bytes());
+        destroy[4..8].copy_from_slice(&FUSE_DESTROY.to_ne_bytes());
+        destroy[8..16].copy_from_slice(&DESTROY_UNIQUE.to_ne_bytes());
+        for _ in 0..threads {
+            if let Err(e) = socket::send(agent.conn.as_raw_fd(), &destroy, MsgFlags::MSG_NOSIGNAL) {
+                tracing::debug!(agent = agent.id, error = %e, "agent gone before its DESTROY");
+                break;
+            }
+        }
+        tracing::info!(agent = agent.id, "agent stops taking requests");
     }
 
     /// Writes an agent's reply to the kernel, unless it answers the replayed `INIT`.
@@ -953,5 +980,27 @@ mod tests {
         assert_eq!(recv(&kernel), Some(reply(10, b"a")));
         assert_eq!(recv(&kernel), None);
         assert_eq!(relay.inflight.keys().collect::<Vec<_>>(), [&11]);
+    }
+
+    #[test]
+    fn an_agent_that_says_bye_gets_one_destroy_per_thread_and_nothing_new() {
+        let (mut relay, _kernel) = relay();
+        let agent = agent(&mut relay);
+        relay.queue(request(15, 20));
+        relay.flush();
+        socket::send(agent.as_raw_fd(), &[BYE, &[2]].concat(), MsgFlags::empty()).unwrap();
+        relay.pump(0);
+        relay.queue(request(15, 21));
+        relay.flush();
+        assert_eq!(recv(&agent), Some(request(15, 20)), "what it had first");
+        let destroy = Some(request(FUSE_DESTROY, DESTROY_UNIQUE));
+        assert_eq!(recv(&agent), destroy);
+        assert_eq!(recv(&agent), destroy);
+        assert_eq!(recv(&agent), None, "nothing new");
+        assert_eq!(
+            relay.backlog.len(),
+            1,
+            "the new request waits for the next agent"
+        );
     }
 }
