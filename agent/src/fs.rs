@@ -525,11 +525,16 @@ impl TreeHandle {
             .filter_map(|(path, entry)| {
                 let path = root.join(path);
                 match entry.kind {
-                    Kind::File(_) => std::fs::File::open(&path).and_then(|mut f| {
-                        buf.clear();
-                        io::Read::read_to_end(&mut f, &mut buf)?;
-                        Ok(OwnedFd::from(f))
-                    }),
+                    // Read, closed, then pinned with `O_PATH`: the close answers the kernel's
+                    // one FLUSH now, and an `O_PATH` descriptor never sends one. A pinned open
+                    // file would send the first FLUSH when the agent dies, to itself (its own
+                    // mount) or to its dead socket (the keeper's), and its exit would hang there.
+                    Kind::File(_) => std::fs::File::open(&path)
+                        .and_then(|mut f| {
+                            buf.clear();
+                            io::Read::read_to_end(&mut f, &mut buf)
+                        })
+                        .and_then(|_| pin(&path)),
                     _ => pin(&path),
                 }
                 .ok()
