@@ -70,10 +70,14 @@ want "$D" "rollout: a new agent before the old one stops" \
   'ds("default").spec.updateStrategy == {type: "RollingUpdate", rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}'
 want "$D" "agent and keeper privileged, the agent image's binary" \
   'ds("default") | pod | (ctr("agent").securityContext.privileged == true and ctr("keeper").securityContext.privileged == true
-   and ctr("agent").command == ["/usr/bin/mockgpu-agent", "serve"] and ctr("keeper").command == ["/usr/bin/mockgpu-agent", "keeper"])'
+   and ctr("agent").command == ["/usr/bin/mockgpu-agent", "serve"] and ctr("keeper").command == ["/usr/bin/mockgpu-agent", "keeper", "--idle-after-handover"])'
 want "$D" "host paths" \
   'ds("default") | pod | (vol("run-mockgpu").hostPath.path == "/run/mockgpu" and vol("dev-fuse").hostPath == {path: "/dev/fuse", type: "CharDevice"}
    and vol("sys").hostPath.path == "/sys" and vol("nri").hostPath.path == "/var/run/nri" and vol("device-plugins") == null)'
+want "$D" "the keeper socket's directory beside /run/mockgpu, in agent and keeper, on the host" \
+  'ds("default") | pod | vol("keeper").hostPath.path == "/run/mockgpu-keeper"
+   and (ctr("agent") | mount("keeper").mountPath) == "/run/mockgpu-keeper"
+   and (ctr("keeper") | mount("keeper").mountPath) == "/run/mockgpu-keeper"'
 want "$D" "/run/mockgpu Bidirectional in agent and keeper, /sys read-only" \
   'ds("default") | pod | (ctr("agent") | mount("run-mockgpu").mountPropagation == "Bidirectional" and mount("sys").readOnly == true
    and mount("nri").mountPath == "/var/run/nri" and mount("dev-fuse").mountPath == "/dev/fuse")

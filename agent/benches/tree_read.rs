@@ -311,6 +311,8 @@ fn main() {
                 "--dir",
             ])
             .arg(&run)
+            // The agent's own mount (start to mounted); the keeper is measured in `handover`.
+            .env("MOCKGPU_KEEPER", "off")
             .env("RUST_LOG", "info")
             .stderr(Stdio::piped())
             .spawn()

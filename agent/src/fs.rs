@@ -1,7 +1,10 @@
 //! The driver tree served read-only over FUSE.
 //!
-//! Inode numbers are assigned per path and never reused, so a reload keeps the inodes of
-//! unchanged entries; every changed or removed entry is invalidated through the kernel notifier.
+//! Inode numbers are derived from the path (a fixed hash) and never given to another path, so a
+//! reload keeps the inodes of unchanged entries, and an agent that takes over the connection
+//! through the keeper (see [`crate::keeper`]) numbers every entry as its predecessor did, which
+//! the kernel's cached entries rely on; every changed or removed entry is invalidated through the
+//! kernel notifier.
 //! Files report their exact size; opens are zero-message (the kernel keeps the page cache) and
 //! TTLs are long, so warm reads are served by the kernel without a round trip to the agent.
 //!
@@ -18,7 +21,7 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -91,11 +94,11 @@ struct Snapshot {
     live_dir: Option<u64>,
 }
 
-/// Path to inode numbers, stable across reloads.
+/// Path to inode numbers, stable across reloads and agents.
 #[derive(Default)]
 struct Inodes {
     by_path: HashMap<String, u64>,
-    next: u64,
+    used: std::collections::HashSet<u64>,
 }
 
 impl Inodes {
@@ -106,10 +109,27 @@ impl Inodes {
         if let Some(&ino) = self.by_path.get(path) {
             return ino;
         }
-        self.next = self.next.max(INodeNo::ROOT.0) + 1;
-        self.by_path.insert(path.to_string(), self.next);
-        self.next
+        let mut ino = path_ino(path);
+        while !self.used.insert(ino) {
+            // Two paths on one number (about once in 10^11 trees): the later one takes the next.
+            tracing::warn!(path, ino, "inode number taken by another path");
+            ino = ((ino + 1) & INO_MASK).max(INodeNo::ROOT.0 + 1);
+        }
+        self.by_path.insert(path.to_string(), ino);
+        ino
     }
+}
+
+/// Inode numbers keep below 2^62, so that a cookie (number + [`DOTS`]) never overflows.
+const INO_MASK: u64 = (1 << 62) - 1;
+
+/// The inode number of `path`: its FNV-1a hash in 62 bits, above the root's. A fixed function,
+/// so that every agent version numbers a path alike.
+fn path_ino(path: &str) -> u64 {
+    let hash = path.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (hash & INO_MASK).max(INodeNo::ROOT.0 + 1)
 }
 
 fn file_type(kind: &Kind) -> FileType {
@@ -505,11 +525,16 @@ impl TreeHandle {
             .filter_map(|(path, entry)| {
                 let path = root.join(path);
                 match entry.kind {
-                    Kind::File(_) => std::fs::File::open(&path).and_then(|mut f| {
-                        buf.clear();
-                        io::Read::read_to_end(&mut f, &mut buf)?;
-                        Ok(OwnedFd::from(f))
-                    }),
+                    // Read, closed, then pinned with `O_PATH`: the close answers the kernel's
+                    // one FLUSH now, and an `O_PATH` descriptor never sends one. A pinned open
+                    // file would send the first FLUSH when the agent dies, to itself (its own
+                    // mount) or to its dead socket (the keeper's), and its exit would hang there.
+                    Kind::File(_) => std::fs::File::open(&path)
+                        .and_then(|mut f| {
+                            buf.clear();
+                            io::Read::read_to_end(&mut f, &mut buf)
+                        })
+                        .and_then(|_| pin(&path)),
                     _ => pin(&path),
                 }
                 .ok()
@@ -750,10 +775,13 @@ impl Filesystem for DriverFs {
     }
 }
 
-/// A mounted driver tree; unmounts when dropped or on [`Mounted::unmount`].
+/// A mounted driver tree; unmounts when dropped or on [`Mounted::unmount`]. Served through a
+/// keeper ([`serve_relayed`]), it is never unmounted: the agent only lets go of its connection.
 pub struct Mounted {
     session: Option<BackgroundSession>,
     mountpoint: PathBuf,
+    /// The connection to the keeper, when the keeper holds the mount.
+    relay: Option<OwnedFd>,
     /// Replaces the served tree.
     pub handle: TreeHandle,
 }
@@ -761,9 +789,23 @@ pub struct Mounted {
 impl Mounted {
     /// Unmounts and waits for the FUSE thread to end. A mount still in use (an open file, a
     /// process's working directory) is detached lazily instead: it leaves the mount table at
-    /// once and the FUSE thread serves its last users until they let go.
+    /// once and the FUSE thread serves its last users until they let go. Through a keeper: stops
+    /// taking requests, answers those already taken and closes the connection; the keeper gives
+    /// the rest to the next agent, and the mount stays.
     pub fn unmount(mut self) -> io::Result<()> {
         self.unmount_inner()
+    }
+
+    /// Whether a keeper holds the mount (see [`serve_relayed`]).
+    pub fn is_relayed(&self) -> bool {
+        self.relay.is_some()
+    }
+
+    /// Whether the FUSE threads still serve (they end when the keeper's connection closes).
+    pub fn serving(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|s| !s.guard.is_finished())
     }
 
     fn unmount_inner(&mut self) -> io::Result<()> {
@@ -771,6 +813,20 @@ impl Mounted {
             return Ok(());
         };
         self.handle.unpin();
+        if let Some(conn) = self.relay.take() {
+            // The keeper answers with one DESTROY per thread, behind what it sent before.
+            let bye = [crate::keeper::BYE, &[FUSE_THREADS as u8]].concat();
+            let flags = nix::sys::socket::MsgFlags::MSG_NOSIGNAL;
+            if nix::sys::socket::send(conn.as_raw_fd(), &bye, flags).is_err() {
+                // The keeper is gone: the threads read an end of file, if they have not yet.
+                nix::sys::socket::shutdown(conn.as_raw_fd(), nix::sys::socket::Shutdown::Read)?;
+            }
+            return match session.join() {
+                // fuser calls an end of file an invalid request.
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(()),
+                other => other,
+            };
+        }
         match session.umount_and_join() {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                 tracing::warn!(mountpoint = %self.mountpoint.display(), "driver tree busy: detaching it lazily");
@@ -793,7 +849,49 @@ impl Drop for Mounted {
 /// `allow_other` needs `user_allow_other` in `/etc/fuse.conf`). With `sysfs`, the host's part of
 /// `sys/bus/pci/devices` is served live from `<sysfs>/bus/pci/devices` (see [`DriverFs::new`]).
 pub fn mount(tree: &Tree, mountpoint: &Path, sysfs: Option<&Path>) -> io::Result<Mounted> {
-    let (fs, mut handle) = DriverFs::new(tree, sysfs);
+    let (fs, handle) = DriverFs::new(tree, sysfs);
+    let config = config();
+    let session = fuser::spawn_mount(fs, mountpoint, &config)?;
+    Ok(mounted(session, mountpoint, handle, None))
+}
+
+/// Serves `tree` on `conn`, a connection to the keeper that holds the mount at `mountpoint`
+/// (see [`crate::keeper`]): fuser runs on the socket as it would on `/dev/fuse`, since the keeper
+/// relays one request or reply per message. With `sysfs` as in [`mount`].
+pub fn serve_relayed(
+    tree: &Tree,
+    conn: OwnedFd,
+    mountpoint: &Path,
+    sysfs: Option<&Path>,
+) -> io::Result<Mounted> {
+    let (fs, handle) = DriverFs::new(tree, sysfs);
+    let stop = conn.try_clone()?;
+    let config = config();
+    let session = fuser::Session::from_fd(fs, conn, config.acl, config)?.spawn()?;
+    Ok(mounted(session, mountpoint, handle, Some(stop)))
+}
+
+fn mounted(
+    session: BackgroundSession,
+    mountpoint: &Path,
+    mut handle: TreeHandle,
+    relay: Option<OwnedFd>,
+) -> Mounted {
+    handle.set_notifier(session.notifier());
+    handle.mountpoint = Some(mountpoint.into());
+    Mounted {
+        session: Some(session),
+        mountpoint: mountpoint.to_path_buf(),
+        relay,
+        handle,
+    }
+}
+
+/// Threads reading FUSE requests.
+const FUSE_THREADS: usize = 2;
+
+/// The session settings of the driver tree's mount.
+fn config() -> Config {
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,
@@ -808,13 +906,37 @@ pub fn mount(tree: &Tree, mountpoint: &Path, sysfs: Option<&Path>) -> io::Result
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(2);
-    let session = fuser::spawn_mount(fs, mountpoint, &config)?;
-    handle.set_notifier(session.notifier());
-    handle.mountpoint = Some(mountpoint.into());
-    Ok(Mounted {
-        session: Some(session),
-        mountpoint: mountpoint.to_path_buf(),
-        handle,
-    })
+    config.n_threads = Some(FUSE_THREADS);
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_numbers_depend_on_the_path_alone() {
+        let paths = ["proc", "proc/driver", "sys/bus/pci/devices/0000:00:00.0"];
+        let (mut a, mut b) = (Inodes::default(), Inodes::default());
+        let forward: Vec<u64> = paths.iter().map(|p| a.get(p)).collect();
+        let mut backward: Vec<u64> = paths.iter().rev().map(|p| b.get(p)).collect();
+        backward.reverse();
+        assert_eq!(forward, backward);
+        assert!(
+            forward
+                .iter()
+                .all(|&i| i > INodeNo::ROOT.0 && i <= INO_MASK),
+            "{forward:?}"
+        );
+        assert_eq!(a.get(""), INodeNo::ROOT.0);
+        assert_eq!(a.get("proc"), forward[0], "a path keeps its number");
+    }
+
+    #[test]
+    fn a_taken_number_goes_to_the_next_free_one() {
+        let mut inodes = Inodes::default();
+        let ino = path_ino("x");
+        inodes.used.insert(ino);
+        assert_eq!(inodes.get("x"), ino + 1);
+    }
 }

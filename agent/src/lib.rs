@@ -6,6 +6,7 @@ pub mod doctor;
 pub mod exec;
 pub mod fs;
 pub mod host;
+pub mod keeper;
 pub mod mounts;
 pub mod output;
 pub mod real;

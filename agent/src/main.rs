@@ -31,6 +31,38 @@ enum Command {
     /// Check this node (mode, FUSE tree, shim, mount propagation, NRI, device plugin, GpuNode,
     /// Slurm) and say what is wrong and how to fix it; exit status 1 when a check fails.
     Doctor(DoctorArgs),
+    /// Hold the driver tree's FUSE connection while agents restart (root only).
+    ///
+    /// The keeper mounts /dev/fuse at <dir>/fs and relays every request to the agent connected
+    /// on <dir>-keeper/keeper.sock (beside <dir>, which containers see) and every reply back. When the agent crashes or restarts, the keeper
+    /// stops reading the device, so the kernel queues requests and readers wait; the next agent
+    /// gets what the last one left unanswered. A keeper started while another one runs takes the
+    /// connection over from it (the old one exits without unmounting), so the keeper itself can
+    /// be upgraded too. `serve` starts a keeper by itself when none runs; in Kubernetes it is a
+    /// second container of the agent's pod. SIGTERM detaches the mount and ends the keeper.
+    Keeper(KeeperArgs),
+}
+
+#[derive(Args)]
+struct KeeperArgs {
+    /// The agent's directory (serve --dir): the mount point is fs/ below it, the socket
+    /// keeper.sock in <dir>-keeper beside it.
+    #[arg(long, env = "MOCKGPU_DIR", default_value = mockgpu_api::layout::DEFAULT_DIR)]
+    dir: PathBuf,
+    /// After handing the connection over to a new keeper, stay (idle) until SIGTERM instead of
+    /// exiting, so that a container runtime does not restart this keeper, which would take the
+    /// connection back.
+    #[arg(long)]
+    idle_after_handover: bool,
+}
+
+/// Whether `serve` uses a keeper.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum KeeperMode {
+    /// Through the running keeper, starting one when none runs (root only; otherwise off).
+    Auto,
+    /// Mount /dev/fuse in the agent itself: an agent restart unmounts the tree.
+    Off,
 }
 
 #[derive(Args)]
@@ -158,6 +190,10 @@ struct ServeArgs {
     /// present) or off.
     #[arg(long, env = "MOCKGPU_REPORT", value_enum, default_value_t = Report::Auto)]
     report: Report,
+    /// Serve through a keeper (see `mockgpu-agent keeper --help`), so that no read fails while
+    /// the agent restarts.
+    #[arg(long, env = "MOCKGPU_KEEPER", value_enum, default_value_t = KeeperMode::Auto)]
+    keeper: KeeperMode,
     #[command(flatten)]
     api: ApiArgs,
 }
@@ -267,6 +303,7 @@ fn run(command: Command) -> Result<()> {
                 std::process::exit(1);
             }
         }
+        Command::Keeper(args) => keeper(args)?,
     }
     Ok(())
 }
@@ -299,6 +336,19 @@ fn doctor(args: DoctorArgs) -> Result<bool> {
         }
     }
     Ok(!doctor::failed(&checks))
+}
+
+fn keeper(args: KeeperArgs) -> Result<()> {
+    use mockgpu_agent::keeper::{self, Outcome};
+    let layout = mockgpu_api::Layout::new(&args.dir, &args.dir)?;
+    if keeper::run(&layout)? == Outcome::HandedOver && args.idle_after_handover {
+        // SIGTERM and SIGINT are still blocked (the keeper read them from a signalfd).
+        let mut signals = nix::sys::signal::SigSet::empty();
+        signals.add(nix::sys::signal::Signal::SIGTERM);
+        signals.add(nix::sys::signal::Signal::SIGINT);
+        signals.wait()?;
+    }
+    Ok(())
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
@@ -363,6 +413,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         nri,
         device_plugin,
         report,
+        keeper: args.keeper == KeeperMode::Auto,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

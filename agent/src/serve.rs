@@ -110,6 +110,15 @@ pub enum ServeError {
     /// The device plugin failed (or refused to start).
     #[error(transparent)]
     DevicePlugin(#[from] device_plugin::DevicePluginError),
+    /// The keeper could not be reached or started.
+    #[error(transparent)]
+    Keeper(#[from] crate::keeper::KeeperError),
+    /// The keeper closed the connection (it died): the mount is dead until a new keeper mounts.
+    #[error("the keeper at {socket} closed the FUSE connection; restart the agent to mount afresh")]
+    KeeperLost {
+        /// The keeper's socket.
+        socket: PathBuf,
+    },
 }
 
 impl ProfileSource {
@@ -202,6 +211,9 @@ pub struct ServeConfig {
     pub device_plugin: Option<device_plugin::Config>,
     /// The GpuNode reporter's settings, when an API server is configured.
     pub report: Option<report::Config>,
+    /// Serve through the keeper (started when none runs), which holds the mount while agents
+    /// restart; root only (otherwise the agent mounts itself, as without).
+    pub keeper: bool,
 }
 
 /// The agent's live state, shared by the reload loop, the NRI plugin and the health endpoint.
@@ -374,24 +386,33 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
     let (topo, tree) = build(&profile, &cfg.node_name, &cfg.sysfs, &cfg.procfs)?;
     let dir = cfg.layout.host_dir();
     let mountpoint = cfg.layout.mount_point();
-    if nix::unistd::geteuid().is_root() {
-        mounts::make_shared(&crate::sys::Linux, dir)?;
-    } else {
-        tracing::warn!(dir = %dir.display(), "not root: cannot make the directory a shared mount; containers will not see agent restarts");
-    }
-    if mounts::detach_stale(&crate::sys::Linux, &mountpoint)? {
-        tracing::warn!(mountpoint = %mountpoint.display(), "detached a stale mount left by a previous agent");
-    }
-    fs::create_dir_all(&mountpoint).map_err(|source| ServeError::Install {
-        path: mountpoint.clone(),
-        source,
-    })?;
-    install_shim(&cfg.layout)?;
-    let mounted = crate::fs::mount(&tree, &mountpoint, Some(&cfg.sysfs)).map_err(|source| {
-        ServeError::Fuse {
+    let root = nix::unistd::geteuid().is_root();
+    // The keeper makes the directory shared and mounts; a live keeper's mount stays as it is.
+    let relay = (cfg.keeper && root)
+        .then(|| crate::keeper::attach(&cfg.layout))
+        .transpose()?;
+    if relay.is_none() {
+        if root {
+            mounts::make_shared(&crate::sys::Linux, dir)?;
+        } else {
+            tracing::warn!(dir = %dir.display(), "not root: cannot make the directory a shared mount; containers will not see agent restarts");
+        }
+        if mounts::detach_stale(&crate::sys::Linux, &mountpoint)? {
+            tracing::warn!(mountpoint = %mountpoint.display(), "detached a stale mount left by a previous agent");
+        }
+        fs::create_dir_all(&mountpoint).map_err(|source| ServeError::Install {
             path: mountpoint.clone(),
             source,
-        }
+        })?;
+    }
+    install_shim(&cfg.layout)?;
+    let mounted = match relay {
+        Some(conn) => crate::fs::serve_relayed(&tree, conn, &mountpoint, Some(&cfg.sysfs)),
+        None => crate::fs::mount(&tree, &mountpoint, Some(&cfg.sysfs)),
+    }
+    .map_err(|source| ServeError::Fuse {
+        path: mountpoint.clone(),
+        source,
     })?;
     let warmed = mounted.handle.warm(&tree);
     tracing::info!(
@@ -527,9 +548,24 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
             None => std::future::pending().await,
         }
     };
+    // The keeper dying ends the connection and the agent with it: a successor mounts afresh.
+    let keeper_gone = async {
+        if !mounted.is_relayed() {
+            return std::future::pending().await;
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        while mounted.serving() {
+            tick.tick().await;
+        }
+    };
+    let mut keeper_lost = false;
     let device_plugin_result = tokio::select! {
         _ = shutdown => None,
         result = device_plugin_failed => Some(result),
+        () = keeper_gone => {
+            keeper_lost = true;
+            None
+        }
     };
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
@@ -549,6 +585,7 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     }
     state.mounted.store(false, Ordering::Release);
     let mountpoint = cfg.layout.mount_point();
+    let relayed = mounted.is_relayed();
     tokio::task::spawn_blocking(move || {
         let _ = reloader.join();
         mounted.unmount()
@@ -560,7 +597,16 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         source,
     })?;
     let _ = health_task.await;
-    tracing::info!("driver tree unmounted");
+    if keeper_lost {
+        return Err(ServeError::KeeperLost {
+            socket: cfg.layout.keeper_socket(),
+        });
+    }
+    if relayed {
+        tracing::info!("driver tree left to the keeper");
+    } else {
+        tracing::info!("driver tree unmounted");
+    }
     match device_plugin_result {
         Some(Ok(Err(e))) => Err(e.into()),
         _ => Ok(()),

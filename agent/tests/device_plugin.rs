@@ -500,6 +500,8 @@ fn serve_advertises_the_gpus_and_follows_profile_changes() {
                     .arg("serve")
                     // never report to a cluster that a developer's kubeconfig names
                     .env("MOCKGPU_REPORT", "off")
+                    // The agent mounts by itself: a keeper would outlive the test (tests/handover.rs covers it).
+                    .env("MOCKGPU_KEEPER", "off")
                     .args(["--node-name", "node-0", "--reload-interval", "0.05"])
                     .arg("--profile-file")
                     .arg(&profile)

@@ -310,11 +310,10 @@ fn a_reload_between_readdir_calls_neither_skips_nor_repeats_entries() {
     let listed = list_in_small_steps(d.as_raw_fd(), 48, || {
         m.handle.replace(&after);
     });
-    // The reload came after the listing began and before it ended.
-    assert!(
-        listed.contains(&"f00".to_string()) && !listed.contains(&"f09".to_string()),
-        "{listed:?}"
-    );
+    // The reload came after the listing began (three calls returned entries) and before it
+    // ended: entries of the new tree were listed. Listings follow inode numbers, which are
+    // hashes of the paths, so which old entries came first is not known in advance.
+    assert!(listed.iter().any(|l| l.starts_with('g')), "{listed:?}");
     for i in 10..30 {
         let name = format!("f{i:02}");
         let n = listed.iter().filter(|l| **l == name).count();

@@ -65,6 +65,8 @@ impl Agent {
             .arg("serve")
             // never report to a cluster that a developer's kubeconfig names
             .env("MOCKGPU_REPORT", "off")
+            // The agent mounts by itself: a keeper would outlive the test (tests/handover.rs covers it).
+            .env("MOCKGPU_KEEPER", "off")
             .args(args)
             .args(["--listen", "127.0.0.1:0"])
             .stderr(Stdio::piped())

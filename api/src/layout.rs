@@ -8,6 +8,8 @@
 //! ├── lib/libmockfs.so          the shim
 //! ├── dev/                      device nodes the device plugin hands to the kubelet
 //! └── ld.so.preload             one line: the shim as containers see it
+//! /run/mockgpu-keeper/          beside it, never bound into containers (mode 0700)
+//! └── keeper.sock               the keeper, which holds the FUSE connection across agent restarts
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -90,6 +92,21 @@ impl Layout {
         self.host.join("dev")
     }
 
+    /// The keeper's directory (`/run/mockgpu-keeper`), beside the host directory rather than in
+    /// it: the host directory is bound into GPU containers, and their root must not reach the
+    /// keeper.
+    pub fn keeper_dir(&self) -> PathBuf {
+        let mut name = self.host.file_name().unwrap_or_default().to_os_string();
+        name.push("-keeper");
+        self.host.with_file_name(name)
+    }
+
+    /// The socket of the keeper, the process that holds the FUSE connection while agents come
+    /// and go (`/run/mockgpu-keeper/keeper.sock`).
+    pub fn keeper_socket(&self) -> PathBuf {
+        self.keeper_dir().join("keeper.sock")
+    }
+
     /// The `ld.so.preload` file bound onto containers' `/etc/ld.so.preload`.
     pub fn ld_so_preload(&self) -> PathBuf {
         self.host.join("ld.so.preload")
@@ -126,6 +143,14 @@ mod tests {
         assert_eq!(l.mount_point(), Path::new("/run/mockgpu/fs"));
         assert_eq!(l.lib_dir(), Path::new("/run/mockgpu/lib"));
         assert_eq!(l.dev_dir(), Path::new("/run/mockgpu/dev"));
+        assert_eq!(
+            l.keeper_socket(),
+            Path::new("/run/mockgpu-keeper/keeper.sock")
+        );
+        assert!(
+            !l.keeper_socket().starts_with(l.host_dir()),
+            "containers see the host directory"
+        );
         assert_eq!(l.ld_so_preload(), Path::new("/run/mockgpu/ld.so.preload"));
         assert_eq!(l.ld_so_preload_content(), "/run/mockgpu/lib/libmockfs.so\n");
         assert!(l.container_root_is_default());

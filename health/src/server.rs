@@ -59,11 +59,22 @@ pub struct HealthServer<A = TcpListener> {
 }
 
 impl HealthServer {
-    /// Binds the TCP address (port 0 picks a free port, see [`local_addr`](Self::local_addr)).
+    /// Binds the TCP address (port 0 picks a free port, see [`local_addr`](Self::local_addr)),
+    /// with `SO_REUSEPORT`: a successor on the node's network (a surge pod of a DaemonSet
+    /// rollout) binds the same port while its predecessor still serves; only processes of the
+    /// same user can share it.
     pub async fn bind(addr: SocketAddr) -> Result<Self, HealthError> {
-        let acceptor = TcpListener::bind(addr)
-            .await
-            .map_err(|source| HealthError::Bind { addr, source })?;
+        let bind = || {
+            let socket = match addr {
+                SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+                SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+            }?;
+            socket.set_reuseaddr(true)?;
+            socket.set_reuseport(true)?;
+            socket.bind(addr)?;
+            socket.listen(1024)
+        };
+        let acceptor = bind().map_err(|source| HealthError::Bind { addr, source })?;
         Ok(Self::new(acceptor))
     }
 
@@ -319,6 +330,22 @@ mod tests {
             .unwrap();
         let addr = server.local_addr().unwrap();
         (server, addr)
+    }
+
+    #[tokio::test]
+    async fn a_successor_binds_the_port_its_predecessor_serves() {
+        let (first, addr) = bound().await;
+        let second = HealthServer::bind(addr).await.expect("the same port again");
+        assert_eq!(second.local_addr().unwrap(), addr);
+        drop(first);
+        with_server(second, Fixed(Ok(())), async {
+            assert!(
+                get(addr, "GET /healthz")
+                    .await
+                    .starts_with("HTTP/1.1 200 OK\r\n")
+            );
+        })
+        .await;
     }
 
     #[tokio::test]

@@ -1282,7 +1282,7 @@ CHART_NS=mockgpu-system
 CHART_TB_VALUES=(--set agent.image.repository=localhost/mockgpu-agent --set agent.image.tag=1
   --set agent.image.pullPolicy=Never --set controller.image.repository=localhost/mockgpu-controller
   --set controller.image.tag=1 --set controller.image.pullPolicy=Never
-  --set controller.hostNetwork=true --set controller.replicas=1 --set agent.keeper.enabled=false
+  --set controller.hostNetwork=true --set controller.replicas=1
   --set 'agent.extraEnv[0].name=KUBERNETES_SERVICE_HOST' --set-string 'agent.extraEnv[0].value=127.0.0.1'
   --set 'agent.extraEnv[1].name=KUBERNETES_SERVICE_PORT' --set-string 'agent.extraEnv[1].value=6443'
   --set 'controller.extraEnv[0].name=KUBERNETES_SERVICE_HOST' --set-string 'controller.extraEnv[0].value=127.0.0.1'

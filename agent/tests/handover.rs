@@ -1,0 +1,315 @@
+//! No failed read while the agent restarts (needs root and /dev/fuse): a reader loops over the
+//! GPUs' `information` files (and a lookup that always reaches the agent) while real
+//! `mockgpu-agent serve` processes are restarted 10 times with SIGTERM (the successor started
+//! at once) and 10 times with SIGKILL, and while a second keeper takes the connection over.
+//! Everything runs in a private mount namespace; every process the test starts is killed when
+//! it ends, even when it fails.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{fixture, in_private_namespace, wait_for};
+use mockgpu_agent::mounts::is_mount_point;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// Processes the test started (agents, keepers), killed when it ends.
+#[derive(Default)]
+struct Procs(Vec<i32>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+struct Setup {
+    run: PathBuf,
+    sysfs: PathBuf,
+    procfs: PathBuf,
+    logs: PathBuf,
+}
+
+impl Setup {
+    fn mount_point(&self) -> PathBuf {
+        self.run.join("fs")
+    }
+
+    /// Starts `mockgpu-agent ARGS`, logging to `<logs>/<name>.log`.
+    fn spawn(&self, name: &str, args: &[&std::ffi::OsStr]) -> Child {
+        let log = fs::File::create(self.logs.join(format!("{name}.log"))).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    }
+
+    fn agent(&self, n: usize) -> Child {
+        self.spawn(
+            &format!("agent-{n}"),
+            &[
+                "serve".as_ref(),
+                "--profile".as_ref(),
+                "gb300".as_ref(),
+                "--node-name".as_ref(),
+                "node-0".as_ref(),
+                "--listen".as_ref(),
+                "127.0.0.1:0".as_ref(),
+                "--dir".as_ref(),
+                self.run.as_os_str(),
+                "--sysfs".as_ref(),
+                self.sysfs.as_os_str(),
+                "--procfs".as_ref(),
+                self.procfs.as_os_str(),
+            ],
+        )
+    }
+
+    fn log(&self, name: &str) -> String {
+        fs::read_to_string(self.logs.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Waits until agent `n` logged that it serves.
+    fn wait_ready(&self, n: usize) {
+        let name = format!("agent-{n}");
+        wait_for(&format!("{name} to serve"), || {
+            self.log(&name).contains(" ready ")
+        });
+    }
+}
+
+/// What the reader saw.
+#[derive(Default, Debug)]
+struct Reads {
+    done: u64,
+    failed: Vec<String>,
+    longest: Duration,
+}
+
+/// One round of the reader: a lookup that the kernel never caches (the agent must answer it),
+/// the GPU listing and every GPU's `information`.
+fn read_round(mnt: &Path) -> Result<(), String> {
+    match fs::symlink_metadata(mnt.join(".mockgpu-liveness-probe")) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        other => return Err(format!("probe lookup: {other:?}")),
+    }
+    let gpus = mnt.join("proc/driver/nvidia/gpus");
+    let mut n = 0;
+    for entry in fs::read_dir(&gpus).map_err(|e| format!("list {}: {e}", gpus.display()))? {
+        let path = entry.map_err(|e| e.to_string())?.path().join("information");
+        let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !text.starts_with("Model:") {
+            return Err(format!("{}: unexpected content {text:?}", path.display()));
+        }
+        n += 1;
+    }
+    if n != 4 {
+        return Err(format!("{n} GPUs listed, want 4"));
+    }
+    Ok(())
+}
+
+/// Loops [`read_round`] until `stop`, on a thread started from the calling thread (so in its
+/// mount namespace).
+fn reader(mnt: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Reads> {
+    std::thread::spawn(move || {
+        let mut reads = Reads::default();
+        while !stop.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            let result = read_round(&mnt);
+            reads.longest = reads.longest.max(t.elapsed());
+            reads.done += 1;
+            if let Err(e) = result {
+                reads.failed.push(e);
+            }
+        }
+        reads
+    })
+}
+
+fn logged_pid(log: &str, prefix: &str) -> Option<i32> {
+    let (_, rest) = log.split_once(prefix)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie (exited, not yet reaped) counts as gone.
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, r)| !r.starts_with('Z'))
+    })
+}
+
+impl Setup {
+    /// Directories below `dir`: the agent's (`run`), a fake procfs and the logs.
+    fn new(dir: &Path) -> Setup {
+        let setup = Setup {
+            run: dir.join("run"),
+            sysfs: fixture("two-socket"),
+            procfs: dir.join("proc"),
+            logs: dir.join("logs"),
+        };
+        fs::create_dir_all(&setup.procfs).unwrap();
+        fs::write(setup.procfs.join("devices"), common::HOST_DEVICES).unwrap();
+        fs::create_dir_all(&setup.logs).unwrap();
+        setup
+    }
+
+    /// The keeper that agent `n` started.
+    fn keeper_of(&self, n: usize) -> i32 {
+        let log = self.log(&format!("agent-{n}"));
+        logged_pid(&log, "started a keeper pid=")
+            .unwrap_or_else(|| panic!("agent {n} started no keeper:\n{log}"))
+    }
+}
+
+#[test]
+fn reads_never_fail_across_agent_restarts_and_a_keeper_handover() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup::new(dir.path());
+    let mnt = setup.mount_point();
+    in_private_namespace(|| {
+        let mut procs = Procs::default();
+        let mut agent = setup.agent(0);
+        procs.0.push(agent.id() as i32);
+        setup.wait_ready(0);
+        let keeper = setup.keeper_of(0);
+        procs.0.push(keeper);
+        read_round(&mnt).unwrap();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let reading = reader(mnt.clone(), stop.clone());
+        let mut n = 0;
+        // Restarts `agent` with `signal`; returns the successor's number.
+        let mut restart = |signal: Signal, agent: &mut Child, procs: &mut Procs| {
+            n += 1;
+            kill(Pid::from_raw(agent.id() as i32), signal).unwrap();
+            let mut next = setup.agent(n);
+            procs.0.push(next.id() as i32);
+            let status = agent.wait().unwrap();
+            if signal == Signal::SIGTERM {
+                assert!(status.success(), "agent {}: {status}", n - 1);
+                let log = setup.log(&format!("agent-{}", n - 1));
+                assert!(log.contains("driver tree left to the keeper"), "{log}");
+            }
+            setup.wait_ready(n);
+            std::mem::swap(agent, &mut next);
+            n
+        };
+        for _ in 0..10 {
+            restart(Signal::SIGTERM, &mut agent, &mut procs);
+        }
+        let mut last = 0;
+        for _ in 0..10 {
+            last = restart(Signal::SIGKILL, &mut agent, &mut procs);
+        }
+        let log = setup.log(&format!("agent-{last}"));
+        assert!(log.contains("connected to the running keeper"), "{log}");
+
+        // A second keeper takes the connection over; the first exits without unmounting.
+        let mut second = setup.spawn(
+            "keeper-2",
+            &["keeper".as_ref(), "--dir".as_ref(), setup.run.as_os_str()],
+        );
+        procs.0.push(second.id() as i32);
+        wait_for("the first keeper to hand over and exit", || !alive(keeper));
+        assert!(
+            setup
+                .log("keeper-2")
+                .contains("took the FUSE connection over"),
+            "{}",
+            setup.log("keeper-2")
+        );
+        // The agent kept its connection; one more crash goes to the new keeper.
+        restart(Signal::SIGKILL, &mut agent, &mut procs);
+        stop.store(true, Ordering::Relaxed);
+        let reads = reading.join().unwrap();
+        println!(
+            "{} read rounds across 10 SIGTERM and 11 SIGKILL restarts and a keeper handover; longest round {:?}; {} failed",
+            reads.done,
+            reads.longest,
+            reads.failed.len()
+        );
+        assert!(reads.failed.is_empty(), "failed reads: {:?}", reads.failed);
+        assert!(reads.done > 100, "{reads:?}");
+        assert!(is_mount_point(&mnt));
+
+        // SIGTERM to the keeper detaches the tree.
+        agent.kill().unwrap();
+        agent.wait().unwrap();
+        kill(Pid::from_raw(second.id() as i32), Signal::SIGTERM).unwrap();
+        let status = second.wait().unwrap();
+        assert!(status.success(), "{status}: {}", setup.log("keeper-2"));
+        assert!(!is_mount_point(&mnt), "the keeper left its mount");
+    })
+}
+
+#[test]
+fn keeper_help_names_the_socket_and_the_handover() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+        .args(["keeper", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("keeper.sock"), "{help}");
+    assert!(help.contains("--idle-after-handover"), "{help}");
+}
+
+#[test]
+fn a_killed_keeper_ends_the_agent_and_the_next_agent_mounts_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup::new(dir.path());
+    let mnt = setup.mount_point();
+    in_private_namespace(|| {
+        let mut procs = Procs::default();
+        let mut agent = setup.agent(0);
+        procs.0.push(agent.id() as i32);
+        setup.wait_ready(0);
+        let keeper = setup.keeper_of(0);
+        procs.0.push(keeper);
+        read_round(&mnt).unwrap();
+
+        // The connection dies with its last descriptor: what needs the agent fails.
+        kill(Pid::from_raw(keeper), Signal::SIGKILL).unwrap();
+        wait_for("the mount to be dead", || {
+            fs::symlink_metadata(mnt.join(".mockgpu-liveness-probe"))
+                .is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
+        });
+        let mut status = None;
+        wait_for("the agent to exit", || {
+            status = agent.try_wait().unwrap();
+            status.is_some()
+        });
+        let log = setup.log("agent-0");
+        assert!(!status.unwrap().success(), "{log}");
+        assert!(log.contains("closed the FUSE connection"), "{log}");
+
+        // The next agent starts a new keeper, which detaches the dead mount and mounts afresh.
+        let mut next = setup.agent(1);
+        procs.0.push(next.id() as i32);
+        setup.wait_ready(1);
+        let second = setup.keeper_of(1);
+        procs.0.push(second);
+        assert!(
+            setup.log("agent-1").contains("detached a stale mount"),
+            "{}",
+            setup.log("agent-1")
+        );
+        read_round(&mnt).unwrap();
+        next.kill().unwrap();
+        next.wait().unwrap();
+    })
+}
