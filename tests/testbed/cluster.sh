@@ -1287,8 +1287,23 @@ CHART_TB_VALUES=(--set agent.image.repository=localhost/mockgpu-agent --set agen
   --set 'agent.extraEnv[1].name=KUBERNETES_SERVICE_PORT' --set-string 'agent.extraEnv[1].value=6443'
   --set 'controller.extraEnv[0].name=KUBERNETES_SERVICE_HOST' --set-string 'controller.extraEnv[0].value=127.0.0.1'
   --set 'controller.extraEnv[1].name=KUBERNETES_SERVICE_PORT' --set-string 'controller.extraEnv[1].value=6443')
-# the README's install command (tests/guide.sh checks that the README says exactly this)
-CHART_INSTALL=(install mockgpu "$REPO/charts/mockgpu" --namespace "$CHART_NS" --create-namespace --set agent.devicePlugin.enabled=true)
+
+# readme_cmd <prefix>: the words (shell quoting undone) of the README's command line that starts
+# with <prefix>: the test bed runs the guide's commands as the README writes them
+readme_cmd() {
+  local line; line=$(grep -m1 -- "^$1" "$REPO/README.md") || fail "README.md has no command line starting with '$1'"
+  python3 -c 'import shlex, sys; sys.stdout.write("".join(w + "\0" for w in shlex.split(sys.argv[1])))' "$line"
+}
+# guide <prefix> [more args]: that command, helm as `hc` and kubectl as `kc`, from the repository root
+guide() {
+  local -a w; mapfile -d '' -t w < <(readme_cmd "$1"); shift
+  [ ${#w[@]} -gt 0 ] || fail "README.md: no command starting with '$1'"
+  case ${w[0]} in
+    helm) (cd "$REPO" && hc "${w[@]:1}" "$@") ;;
+    kubectl) (cd "$REPO" && kc "${w[@]:1}" "$@") ;;
+    *) fail "README.md: '${w[0]}' is not a command the test bed runs" ;;
+  esac
+}
 
 node_label() { kc get node "$NODE" -o jsonpath="{.metadata.labels.${1//./\\.}}"; }
 node_label_is() { [ "$(node_label "$1")" = "$2" ]; }
@@ -1303,17 +1318,20 @@ scenario_chart_install() {
   kc delete namespace "$CHART_NS" --ignore-not-found --timeout=120s > /dev/null
   kc delete clusterrolebinding,clusterrole mockgpu-agent mockgpu-controller --ignore-not-found > /dev/null
   local t; t=$(date +%s%N)
-  hc "${CHART_INSTALL[@]}" "${CHART_TB_VALUES[@]}" --wait --timeout 180s > "$ST/helm-install.txt" 2>&1 \
+  guide "helm install mockgpu " "${CHART_TB_VALUES[@]}" --timeout 180s > "$ST/helm-install.txt" 2>&1 \
     || { cat "$ST/helm-install.txt"; kc -n "$CHART_NS" get pods -o wide; kc -n "$CHART_NS" describe pods | tail -40; fail "helm install of charts/mockgpu"; }
   timing chart-install "$(ms "$t") ms (helm install --wait)"
   grep -q 'kubectl get gpunodes' "$ST/helm-install.txt" || fail "helm install printed no NOTES (what to check next)"
   kc -n "$CHART_NS" rollout status ds/mockgpu-agent-default --timeout=60s > /dev/null || fail "the agent DaemonSet is not rolled out"
   wait_for 60 "GpuNode $NODE Ready" gn_ready || { kc -n "$CHART_NS" logs ds/mockgpu-agent-default -c agent | tail -20; fail "no Ready GpuNode from the chart's agent"; }
-  kc get gpunodes | sed 's/^/  /'
+  guide "kubectl get gpunodes" | sed 's/^/  /'
   [ "$(gn '{.spec.mode}/{.spec.profile}/{.spec.gpuCount}')" = mock/gb300/4 ] || fail "GpuNode spec: $(gn '{.spec.mode}/{.spec.profile}/{.spec.gpuCount}')"
   wait_for 60 "label feature.node.kubernetes.io/pci-10de.present=true" node_label_is feature.node.kubernetes.io/pci-10de.present true \
     || { kc -n "$CHART_NS" logs deploy/mockgpu-controller | tail -20; fail "the controller did not label the node"; }
   wait_for 60 "allocatable $RES = 4" allocatable_is 4 || fail "allocatable $RES is '$(allocatable)' with the chart's agent"
+  local cols; cols=$(guide "kubectl get nodes -o custom-columns") || fail "the README's kubectl get nodes"
+  echo "$cols" | sed 's/^/  /'
+  [ "$(awk -v n="$NODE" '$1 == n {print $2, $3}' <<< "$cols")" = "4 true" ] || fail "the README's node columns show: $cols"
   echo "  labels: $(kc get node "$NODE" -o json | jq -r '.metadata.labels | to_entries | map(select(.key | test("mockgpu|nvidia|pci-10de"))) | map("\(.key)=\(.value)") | join(" ")')"
   # the user's path: a pod asking for GPUs gets them and the driver files
   local ns=chart-jobs; dp_ns "$ns"; dp_pod gpu-2 2 "$ns"
@@ -1322,11 +1340,11 @@ scenario_chart_install() {
   [ "$gpus" = 4 ] || fail "the pod with 2 GPUs sees $gpus GPUs in /proc/driver/nvidia/gpus, want the node's 4"
   kc delete namespace "$ns" --wait=false > /dev/null
   t=$(date +%s%N)
-  hc test mockgpu --namespace "$CHART_NS" --logs > "$ST/helm-test.txt" 2>&1 || { cat "$ST/helm-test.txt"; fail "helm test (mockgpu-agent doctor)"; }
+  guide "helm test mockgpu " > "$ST/helm-test.txt" 2>&1 || { cat "$ST/helm-test.txt"; fail "helm test (mockgpu-agent doctor)"; }
   timing chart-helm-test "$(ms "$t") ms"
-  grep -E '^(ok|OK|FAIL|fail|skip|SKIP)' "$ST/helm-test.txt" | sed 's/^/  doctor: /' | head -20
+  sed -n '/POD LOGS/,$p' "$ST/helm-test.txt" | sed 's/^/  /' | head -30
   t=$(date +%s%N)
-  hc uninstall mockgpu --namespace "$CHART_NS" --wait --timeout 180s > /dev/null || fail "helm uninstall"
+  guide "helm uninstall mockgpu " --timeout 180s > /dev/null || fail "helm uninstall"
   timing chart-uninstall "$(ms "$t") ms"
   wait_for 60 "no mockgpu FUSE mount in the node" no_mockgpu_mounts || fail "helm uninstall left $(mockgpu_mounts) FUSE mounts"
   [ "$(mockgpu_devices)" = 0 ] || fail "helm uninstall left device nodes: $(find "$R/run/mockgpu" -type c | tr '\n' ' ')"
