@@ -764,6 +764,7 @@ kind: Node
 metadata: {name: $CTL_NODE, labels: {kubernetes.io/hostname: $CTL_NODE}}
 EOF
   local t; t=$(date +%s%N)
+  : > "$LOGS/controller-ctl-a.log"; : > "$LOGS/controller-ctl-b.log"   # logs are kept across runs
   ctl_start ctl-a; ctl_start ctl-b
   wait_for 30 "a controller holds the lease" ctl_holder_in ctl-a ctl-b || { tail -5 "$LOGS"/controller-ctl-*.log; exit 1; }
   timing controller-leader "$(ms "$t") ms to a lease holder"
@@ -1312,8 +1313,10 @@ no_mockgpu_mounts() { [ "$(mockgpu_mounts)" = 0 ]; }
 mockgpu_devices() { find "$R/run/mockgpu" -type c 2> /dev/null | wc -l; }
 
 scenario_chart_install() {
-  # the steps before left a host agent and objects of the same names as the chart's
+  # the steps before left a host agent with the keeper it started, and objects of the same names
+  # as the chart's
   stop_kinds TERM agent
+  local k; for k in $(pgrep -f 'exe keeper --dir /run/mockgpu' || true); do kill -TERM "$k"; done
   wait_for 30 "the host agent's FUSE mount gone" no_mockgpu_mounts || fail "the host agent left $(mockgpu_mounts) mounts"
   kc delete namespace "$CHART_NS" --ignore-not-found --timeout=120s > /dev/null
   kc delete clusterrolebinding,clusterrole mockgpu-agent mockgpu-controller --ignore-not-found > /dev/null
