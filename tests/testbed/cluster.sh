@@ -1280,9 +1280,9 @@ scenario_gpunode_heartbeat() {  # lastHeartbeat advances (--heartbeat 3)
 CHART_NS=mockgpu-system
 # what the test bed adds to the README's install: its own images, and the API server on the
 # node's loopback (there is no kube-proxy to answer the `kubernetes` service's address)
-CHART_TB_VALUES=(--set agent.image.repository=localhost/mockgpu-agent --set agent.image.tag=1
+CHART_TB_VALUES=(--set agent.image.repository=localhost/mockgpu-agent --set-string agent.image.tag=1
   --set agent.image.pullPolicy=Never --set controller.image.repository=localhost/mockgpu-controller
-  --set controller.image.tag=1 --set controller.image.pullPolicy=Never
+  --set-string controller.image.tag=1 --set controller.image.pullPolicy=Never
   --set controller.hostNetwork=true --set controller.replicas=1
   --set 'agent.extraEnv[0].name=KUBERNETES_SERVICE_HOST' --set-string 'agent.extraEnv[0].value=127.0.0.1'
   --set 'agent.extraEnv[1].name=KUBERNETES_SERVICE_PORT' --set-string 'agent.extraEnv[1].value=6443'
