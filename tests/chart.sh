@@ -111,6 +111,10 @@ want "$D" "uninstall cleanup: a post-delete Job running mockgpu-controller clean
      {g: ["mockgpu.io"], r: ["gpunodes"], v: ["delete", "list"], n: null},
      {g: [""], r: ["nodes"], v: ["list", "patch"], n: null}]
    and .metadata.annotations["helm.sh/hook"] == "post-delete"'
+want "$D" "helm test: doctor as the agent's service account, on the node's name" \
+  'obj("Pod"; "'$F'-doctor") | .metadata.annotations["helm.sh/hook"] == "test"
+   and .spec.serviceAccountName == "'$F'-agent" and (.spec.automountServiceAccountToken // true)
+   and (.spec.containers[0].env | map(select(.name == "MOCKGPU_NODE_NAME"))[0].valueFrom.fieldRef.fieldPath == "spec.nodeName")'
 want "$D" "uninstall cleanup Job" \
   'obj("Job"; "'$F'-cleanup") | .metadata.annotations["helm.sh/hook"] == "post-delete"
    and (pod | .serviceAccountName == "'$F'-cleanup" and .securityContext.runAsNonRoot == true

@@ -156,7 +156,7 @@ pub fn run<N: Node>(node: &N, opts: &Options) -> Vec<Check> {
         .or_else(|| containerd.socket_path())
         .unwrap_or_else(|| mockgpu_nri::config::DEFAULT_SOCKET.into());
     let facts = Facts {
-        mock: real == RealDriver::Absent,
+        mock: matches!(real, RealDriver::Absent | RealDriver::UnderShim),
         metrics: node.http_get(opts.health, "/metrics"),
         nri_socket_state: node.is_socket(&nri_socket),
         nri_socket,
@@ -205,6 +205,11 @@ fn mode(real: &RealDriver, opts: &Options) -> Check {
                 ),
             )
         }
+        RealDriver::UnderShim => Check::ok(
+            NAME,
+            "mock mode: this doctor runs under mockgpu's shim (the NRI plugin injected its \
+             container), so the driver files it reads are the mock's",
+        ),
         RealDriver::Unreadable(why) => Check::fail(
             NAME,
             format!("a real NVIDIA driver is loaded but its files cannot be read: {why}"),

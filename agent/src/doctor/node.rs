@@ -2,6 +2,7 @@
 //! tests' fake answers from tables.
 
 use std::collections::BTreeMap;
+use std::fs;
 use std::io::{self, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::FileTypeExt as _;
@@ -39,6 +40,9 @@ pub enum RealDriver {
     Gpus(Vec<String>),
     /// A driver is loaded but its files cannot be read.
     Unreadable(String),
+    /// This process runs under mockgpu's shim (a container the NRI plugin injected): the driver
+    /// files it reads are the mock's, so the node is a mock node.
+    UnderShim,
 }
 
 /// A program run with the shim in `LD_PRELOAD`.
@@ -182,6 +186,10 @@ impl Node for Live {
     }
 
     fn real_driver(&self, procfs: &Path, sysfs: &Path) -> RealDriver {
+        let maps = fs::read_to_string(procfs.join("self/maps")).unwrap_or_default();
+        if maps.contains(mockgpu_api::layout::SHIM_FILE) {
+            return RealDriver::UnderShim;
+        }
         if !real_driver_loaded(procfs) {
             return RealDriver::Absent;
         }

@@ -677,6 +677,38 @@ fn a_real_gpu_node_skips_what_concerns_the_mock() {
 }
 
 #[test]
+fn a_doctor_under_the_shim_checks_the_mock() {
+    let mut node = healthy();
+    node.real = RealDriver::UnderShim;
+    let checks = run(&node, &opts());
+    assert!(checks.iter().all(|c| c.status == Status::Ok), "{checks:?}");
+    assert!(
+        checks[0]
+            .message
+            .starts_with("mock mode: this doctor runs under mockgpu's shim")
+    );
+    // the live node tells from its own memory map, whatever the driver files say
+    let procfs = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(procfs.path().join("self")).unwrap();
+    std::fs::create_dir_all(procfs.path().join("driver/nvidia/gpus/0000:01:00.0")).unwrap();
+    let maps = "7f00-7f01 r-xp 00000000 00:1f 12 /run/mockgpu/lib/libmockfs.so\n";
+    std::fs::write(procfs.path().join("self/maps"), maps).unwrap();
+    assert_eq!(
+        node::Live.real_driver(procfs.path(), procfs.path()),
+        RealDriver::UnderShim
+    );
+    std::fs::write(
+        procfs.path().join("self/maps"),
+        "7f00-7f01 r-xp 0 00:1f 12 /usr/lib/libc.so.6\n",
+    )
+    .unwrap();
+    assert_ne!(
+        node::Live.real_driver(procfs.path(), procfs.path()),
+        RealDriver::UnderShim
+    );
+}
+
+#[test]
 fn http_replies_are_split_into_status_and_body() {
     let r =
         node::parse_http("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 9\r\n\r\nnot ready")
