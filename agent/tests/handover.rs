@@ -173,6 +173,17 @@ impl Setup {
         logged_pid(&log, "started a keeper pid=")
             .unwrap_or_else(|| panic!("agent {n} started no keeper:\n{log}"))
     }
+
+    /// The first agent, serving through the keeper it started (both in `procs`), and one read
+    /// round through them.
+    fn first_agent(&self, procs: &mut Procs) -> Child {
+        let agent = self.agent(0);
+        procs.0.push(agent.id() as i32);
+        self.wait_ready(0);
+        procs.0.push(self.keeper_of(0));
+        read_round(&self.mount_point()).unwrap();
+        agent
+    }
 }
 
 #[test]
@@ -182,12 +193,8 @@ fn reads_never_fail_across_agent_restarts_and_a_keeper_handover() {
     let mnt = setup.mount_point();
     in_private_namespace(|| {
         let mut procs = Procs::default();
-        let mut agent = setup.agent(0);
-        procs.0.push(agent.id() as i32);
-        setup.wait_ready(0);
-        let keeper = setup.keeper_of(0);
-        procs.0.push(keeper);
-        read_round(&mnt).unwrap();
+        let mut agent = setup.first_agent(&mut procs);
+        let keeper = procs.0[1];
 
         let stop = Arc::new(AtomicBool::new(false));
         let reading = reader(mnt.clone(), stop.clone());
@@ -275,12 +282,8 @@ fn a_killed_keeper_ends_the_agent_and_the_next_agent_mounts_afresh() {
     let mnt = setup.mount_point();
     in_private_namespace(|| {
         let mut procs = Procs::default();
-        let mut agent = setup.agent(0);
-        procs.0.push(agent.id() as i32);
-        setup.wait_ready(0);
-        let keeper = setup.keeper_of(0);
-        procs.0.push(keeper);
-        read_round(&mnt).unwrap();
+        let mut agent = setup.first_agent(&mut procs);
+        let keeper = procs.0[1];
 
         // The connection dies with its last descriptor: what needs the agent fails.
         kill(Pid::from_raw(keeper), Signal::SIGKILL).unwrap();

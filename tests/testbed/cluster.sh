@@ -95,8 +95,11 @@ cert() {  # cert <dir> <name> <subject> <extendedKeyUsage> [subjectAltName]: sig
   openssl verify -CAfile "$P/ca.crt" "$P/$2.crt" > /dev/null || fail "certificate $2 does not verify"
 }
 
-kubeconfig() {  # kubeconfig <file> <cert name>: embedded data, so that it works from host and node
-  local P=$R$KN/pki
+kubeconfig() {  # kubeconfig <file> <user> [token]: the PKI's client certificate <user>, or a
+  # service account's token; embedded data, so that it works from host and node
+  local P=$R$KN/pki user
+  if [ $# -ge 3 ]; then user="{token: \"$3\"}"
+  else user="{client-certificate-data: \"$(base64 -w0 "$P/$2.crt")\", client-key-data: \"$(base64 -w0 "$P/$2.key")\"}"; fi
   cat > "$1" <<EOF
 apiVersion: v1
 kind: Config
@@ -105,7 +108,7 @@ clusters:
   cluster: {server: "https://127.0.0.1:6443", certificate-authority-data: "$(base64 -w0 "$P/ca.crt")"}
 users:
 - name: $2
-  user: {client-certificate-data: "$(base64 -w0 "$P/$2.crt")", client-key-data: "$(base64 -w0 "$P/$2.key")"}
+  user: $user
 contexts:
 - name: mgtb
   context: {cluster: mgtb, user: $2}
@@ -719,21 +722,7 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: mockgpu-control
 subjects: [{kind: ServiceAccount, name: mockgpu-controller, namespace: $CTL_NS}]
 EOF
   local token; token=$(kc -n "$CTL_NS" create token mockgpu-controller --duration=2h)
-  cat > "$ST/controller.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: mgtb
-  cluster: {server: "https://127.0.0.1:6443", certificate-authority-data: "$(base64 -w0 "$R$KN/pki/ca.crt")"}
-users:
-- name: mockgpu-controller
-  user: {token: "$token"}
-contexts:
-- name: mgtb
-  context: {cluster: mgtb, user: mockgpu-controller}
-current-context: mgtb
-EOF
-  chmod 600 "$ST/controller.kubeconfig"
+  kubeconfig "$ST/controller.kubeconfig" mockgpu-controller "$token"
   local v want got bad=""
   while read -r want v; do
     # shellcheck disable=SC2086 # the verb, resource and flags are words
@@ -1132,23 +1121,7 @@ gn_beat_after() { [[ "$(gn '{.status.lastHeartbeat}')" > "$1" ]]; }
 # kubectl as the agent: its token, its RBAC
 kc_agent() { nsenter -t "$(nodepid)" -n -- "$KUBECTL" --kubeconfig "$R$AGENT_KCFG" --request-timeout=30s "$@"; }
 
-agent_kubeconfig() {  # agent_kubeconfig <token>: the agent's kubeconfig, at $R$AGENT_KCFG
-  cat > "$R$AGENT_KCFG" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: mgtb
-  cluster: {server: "https://127.0.0.1:6443", certificate-authority-data: "$(base64 -w0 "$R$KN/pki/ca.crt")"}
-users:
-- name: $AGENT_SA
-  user: {token: "$1"}
-contexts:
-- name: mgtb
-  context: {cluster: mgtb, user: $AGENT_SA}
-current-context: mgtb
-EOF
-  chmod 600 "$R$AGENT_KCFG"
-}
+agent_kubeconfig() { kubeconfig "$R$AGENT_KCFG" "$AGENT_SA" "$1"; }  # agent_kubeconfig <token>
 
 scenario_gpunode_setup() {  # the CRD, the agent's service account and RBAC; the agent restarted with them
   # the agent so far had no credentials: it said so once (the log is kept across runs: count from

@@ -131,6 +131,8 @@ pub fn failed(checks: &[Check]) -> bool {
 struct Facts {
     /// Mock mode: no real driver lists a GPU.
     mock: bool,
+    /// This doctor runs in a container the NRI plugin injected (its shim is loaded).
+    injected: bool,
     /// The agent's `/metrics`.
     metrics: io::Result<HttpReply>,
     /// containerd's configuration.
@@ -157,6 +159,7 @@ pub fn run<N: Node>(node: &N, opts: &Options) -> Vec<Check> {
         .unwrap_or_else(|| mockgpu_nri::config::DEFAULT_SOCKET.into());
     let facts = Facts {
         mock: matches!(real, RealDriver::Absent | RealDriver::UnderShim),
+        injected: real == RealDriver::UnderShim,
         metrics: node.http_get(opts.health, "/metrics"),
         nri_socket_state: node.is_socket(&nri_socket),
         nri_socket,
@@ -481,7 +484,20 @@ fn propagation<N: Node>(node: &N, opts: &Options, facts: &Facts) -> Check {
             ),
         );
     }
-    let kind = if entry.optional.iter().any(|f| f.starts_with("master:")) {
+    let master = entry
+        .optional
+        .iter()
+        .find_map(|f| f.strip_prefix("master:"));
+    if let (Some(group), true) = (master, facts.injected) {
+        // what an injected container gets: the NRI plugin's mount, a slave of the host's
+        return Check::ok(
+            NAME,
+            format!(
+                "{d} is the injected slave of peer group {group}: mounts inside the host's reach this container"
+            ),
+        );
+    }
+    let kind = if master.is_some() {
         "a slave"
     } else {
         "a private"

@@ -682,6 +682,17 @@ fn a_doctor_under_the_shim_checks_the_mock() {
     node.real = RealDriver::UnderShim;
     let checks = run(&node, &opts());
     assert!(checks.iter().all(|c| c.status == Status::Ok), "{checks:?}");
+    // its /run/mockgpu is the NRI plugin's mount: a slave of the host's shared one
+    node.mountinfo = node.mountinfo.replace("shared:", "master:");
+    check(
+        &node,
+        "propagation",
+        Status::Ok,
+        "is the injected slave of peer group",
+    );
+    node.real = RealDriver::Absent;
+    check(&node, "propagation", Status::Fail, "is a slave mount");
+    node.real = RealDriver::UnderShim;
     assert!(
         checks[0]
             .message
