@@ -564,6 +564,10 @@ fn serve_advertises_the_gpus_and_follows_profile_changes() {
                 .expect("the agent exits");
             assert!(status.success(), "{status}");
             assert!(!socket.exists(), "the agent removes its socket");
+            assert!(
+                !std::path::Path::new(&gpu.host_path).exists(),
+                "the agent removes its device nodes"
+            );
         });
     });
 }

@@ -642,6 +642,12 @@ pub async fn run<S: Sys + Send + Sync + 'static>(
             if identity(&socket) == session.identity {
                 let _ = fs::remove_file(&socket);
             }
+            // a successor makes them again; an uninstalled agent leaves none behind
+            let current = shared.topology.borrow().clone();
+            if let Some(topo) = current {
+                let removed = nodes::remove(&config.dev_dir, &nodes::nodes(&topo));
+                tracing::info!(removed, dir = %config.dev_dir.display(), "device nodes removed");
+            }
             break Ok(());
         }
     };

@@ -74,6 +74,21 @@ pub fn sync<S: Sys>(sys: &S, dir: &Path, nodes: &[DeviceNode]) -> Result<(), Nod
     Ok(())
 }
 
+/// Removes the nodes of `nodes` below `dir` that are still what [`sync`] made (character devices
+/// of their numbers); anything else in their place is left. Returns how many went.
+pub fn remove(dir: &Path, nodes: &[DeviceNode]) -> usize {
+    nodes
+        .iter()
+        .filter(|node| {
+            let path = host_path(dir, node);
+            let dev = nix::sys::stat::makedev(node.major.into(), node.minor.into());
+            fs::symlink_metadata(&path)
+                .is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == dev)
+                && fs::remove_file(&path).is_ok()
+        })
+        .count()
+}
+
 #[cfg(test)]
 mod tests {
     use nix::errno::Errno;
@@ -151,6 +166,15 @@ mod tests {
                 nix::sys::stat::makedev(390, 0)
             ]
         );
+    }
+
+    #[test]
+    fn removal_leaves_what_is_not_our_device_node() {
+        let dir = tempfile::tempdir().unwrap();
+        // the fake makes regular files, which are not device nodes of ours
+        sync(&Fake::new(true), dir.path(), &gpu_and_control(386)).unwrap();
+        assert_eq!(remove(dir.path(), &gpu_and_control(386)), 0);
+        assert!(dir.path().join("nvidia3").exists());
     }
 
     #[test]
