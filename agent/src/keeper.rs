@@ -28,7 +28,7 @@ use std::time::Duration;
 use mockgpu_api::Layout;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::socket::{
     self, AddressFamily, Backlog, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag,
@@ -263,6 +263,20 @@ pub fn run(layout: &Layout) -> Result<Outcome, KeeperError> {
     signals
         .thread_block()
         .map_err(io_err("block SIGTERM and SIGINT"))?;
+    // As PID 1 of a container (the chart's keeper) a signal left at its default disposition is
+    // dropped before it is queued, blocked or not: a handler (never run while the signals are
+    // blocked; they are read from the descriptor) makes the kernel queue them.
+    extern "C" fn queued(_: libc::c_int) {}
+    let action = SigAction::new(
+        SigHandler::Handler(queued),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for signal in [Signal::SIGTERM, Signal::SIGINT] {
+        // SAFETY: the handler does nothing, so it is async-signal-safe.
+        unsafe { nix::sys::signal::sigaction(signal, &action) }
+            .map_err(io_err("install a SIGTERM and SIGINT handler"))?;
+    }
     let signal_fd = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(io_err("create a signalfd"))?;
     let mut relay = match connect(&path, KEEPER_HELLO) {

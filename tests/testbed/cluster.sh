@@ -464,8 +464,9 @@ scenario_chart_dry_run() {
   local f name out want got
   # (a namespace of its own: one being deleted does not get in the way of a real install later)
   kc create namespace chart-dry-run > /dev/null
-  # (the helm test pod runs as the namespace's default service account, which must exist)
-  wait_for 60 "the default service account in chart-dry-run" kc -n chart-dry-run get serviceaccount default
+  # (the helm test pod runs as the agent's service account, which a dry run does not create:
+  # Helm creates test pods after the release's objects)
+  kc -n chart-dry-run create serviceaccount mg-mockgpu-agent > /dev/null
   for f in default "$REPO"/charts/mockgpu/ci/*-values.yaml; do
     name=$(basename "$f" -values.yaml)
     if [ "$f" = default ]; then set --; else set -- -f "$f"; fi
