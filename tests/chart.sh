@@ -23,7 +23,7 @@ def obj(k; n): [.[] | select(.kind == k and .metadata.name == n)]
 def kinds(k): [.[] | select(.kind == k)];
 def ds(n): obj("DaemonSet"; "'$F'-agent-" + n);
 def pod: .spec.template.spec;
-def ctr(n): [.containers[] | select(.name == n)] | first;
+def ctr(n): [(.initContainers // [])[], .containers[] | select(.name == n)] | first;
 def env(n): [.env[]? | select(.name == n) | .value] | first;
 def mount(n): [.volumeMounts[] | select(.name == n)] | first;
 def vol(n): [.volumes[] | select(.name == n)] | first;
@@ -74,6 +74,9 @@ want "$D" "agent and keeper privileged, the agent image's binary" \
 want "$D" "host paths" \
   'ds("default") | pod | (vol("run-mockgpu").hostPath.path == "/run/mockgpu" and vol("dev-fuse").hostPath == {path: "/dev/fuse", type: "CharDevice"}
    and vol("sys").hostPath.path == "/sys" and vol("nri").hostPath.path == "/var/run/nri" and vol("device-plugins") == null)'
+want "$D" "the keeper a native sidecar that is started once its socket listens" \
+  'ds("default") | pod | ([.initContainers[] | select(.name == "keeper")] | length) == 1
+   and ctr("keeper").restartPolicy == "Always" and (ctr("keeper").startupProbe.exec.command | join(" ") | test("keeper.sock"))'
 want "$D" "the keeper socket's directory beside /run/mockgpu, in agent and keeper, on the host" \
   'ds("default") | pod | vol("keeper").hostPath.path == "/run/mockgpu-keeper"
    and (ctr("agent") | mount("keeper").mountPath) == "/run/mockgpu-keeper"

@@ -1320,10 +1320,12 @@ scenario_chart_install() {
   guide "helm test mockgpu " > "$ST/helm-test.txt" 2>&1 || { cat "$ST/helm-test.txt"; fail "helm test (mockgpu-agent doctor)"; }
   timing chart-helm-test "$(ms "$t") ms"
   sed -n '/POD LOGS/,$p' "$ST/helm-test.txt" | sed 's/^/  /' | head -30
+  grep ' /run/mockgpu' "/proc/$(nodepid)/mountinfo" | sed 's/^/  mount before uninstall: /'
   t=$(date +%s%N)
   guide "helm uninstall mockgpu " --timeout 180s > /dev/null || fail "helm uninstall"
   timing chart-uninstall "$(ms "$t") ms"
-  wait_for 60 "no mockgpu FUSE mount in the node" no_mockgpu_mounts || fail "helm uninstall left $(mockgpu_mounts) FUSE mounts"
+  wait_for 60 "no mockgpu FUSE mount in the node" no_mockgpu_mounts \
+    || { grep ' /run/mockgpu' "/proc/$(nodepid)/mountinfo" | sed 's/^/  left: /'; fail "helm uninstall left $(mockgpu_mounts) FUSE mounts"; }
   [ "$(mockgpu_devices)" = 0 ] || fail "helm uninstall left device nodes: $(find "$R/run/mockgpu" -type c | tr '\n' ' ')"
   local k; for k in mockgpu.io/profile nvidia.com/gpu.present nvidia.com/gpu.count nvidia.com/gpu.product feature.node.kubernetes.io/pci-10de.present; do
     [ -z "$(node_label "$k")" ] || fail "helm uninstall left the label $k=$(node_label "$k")"
