@@ -39,7 +39,7 @@ enum Command {
     /// gets what the last one left unanswered. A keeper started while another one runs takes the
     /// connection over from it (the old one exits without unmounting), so the keeper itself can
     /// be upgraded too. `serve` starts a keeper by itself when none runs; in Kubernetes it is a
-    /// second container of the agent's pod. SIGTERM detaches the mount and ends the keeper.
+    /// native sidecar of the agent's pod. SIGTERM detaches the mount and ends the keeper.
     Keeper(KeeperArgs),
 }
 

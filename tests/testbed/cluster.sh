@@ -19,7 +19,10 @@ GPU_NS=gpu-jobs                    # a namespace the agent does not trust (--tru
 DP_NS=dp-jobs                      # the device plugin's pods: untrusted as well
 RES=nvidia.com/gpu                 # the resource the agent's device plugin serves
 # the agent serves the device plugin to the node's kubelet (its --root-dir)
-AGENT_ARGS="--device-plugin --kubelet-dir /var/lib/kubelet${AGENT_ARGS:+ $AGENT_ARGS}"
+# (--keeper off: the host agent mounts by itself here; the keeper is the non-cluster test bed's
+# agent-restart step and the chart's sidecar; a keeper the host agent started did not survive
+# the sid kubelet's restart in dp-kubelet-restart)
+AGENT_ARGS="--device-plugin --kubelet-dir /var/lib/kubelet --keeper off${AGENT_ARGS:+ $AGENT_ARGS}"
 
 # kubectl from the host, in the node's network namespace only (the API server listens on its
 # loopback)
