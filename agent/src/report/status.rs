@@ -263,7 +263,7 @@ pub fn backoff(failures: u32) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use k8s_openapi::jiff::Timestamp;
     use mockgpu_nri::{GpuRef, PodRef};
 
@@ -273,7 +273,8 @@ mod tests {
         Time(Timestamp::from_second(1_700_000_000 + secs).unwrap())
     }
 
-    fn pinned(id: &str, pod: &str, uuids: &[&str]) -> PinningEvent {
+    /// Container `id` of pod `pod` (namespace `jobs`) holding `uuids`.
+    pub(crate) fn pinned(id: &str, pod: &str, uuids: &[&str]) -> PinningEvent {
         PinningEvent::Pinned {
             pod: PodRef {
                 namespace: "jobs".into(),

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use mockgpu_api::gpunode::{GpuNodeSpec, condition};
 use mockgpu_api::{NodeTopology, Profile};
-use mockgpu_nri::{GpuRef, PodRef};
+use mockgpu_nri::PodRef;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::time::Instant;
 
@@ -203,23 +203,8 @@ fn ready(s: &GpuNodeStatus) -> (&str, &str) {
 }
 
 fn pinned(id: &str, uuids: &[String]) -> PinningEvent {
-    PinningEvent::Pinned {
-        pod: PodRef {
-            namespace: "jobs".into(),
-            name: format!("pod-{id}"),
-            uid: format!("uid-{id}"),
-        },
-        container_name: "c".into(),
-        container_id: id.into(),
-        gpus: uuids
-            .iter()
-            .enumerate()
-            .map(|(i, u)| GpuRef {
-                minor: i as u32,
-                uuid: u.clone(),
-            })
-            .collect(),
-    }
+    let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
+    super::status::tests::pinned(id, &format!("pod-{id}"), &uuids)
 }
 
 #[tokio::test(start_paused = true)]
