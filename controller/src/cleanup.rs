@@ -3,12 +3,12 @@
 //! and removes the labels our field manager owns from every node; a node we never labelled is not
 //! written.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 use mockgpu_api::GpuNode;
-use mockgpu_api::gpunode::CONTROLLER_MANAGER;
-use serde_json::json;
 use tracing::info;
 
 use crate::labels;
@@ -42,15 +42,7 @@ pub async fn cleanup(client: Client) -> Result<Cleaned, kube::Error> {
             continue;
         }
         let name = node.name_any();
-        let patch =
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {}}});
-        nodes
-            .patch(
-                &name,
-                &PatchParams::apply(CONTROLLER_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
+        labels::apply(&nodes, &name, &BTreeMap::new()).await?;
         info!(node = %name, "mockgpu labels removed");
         done.nodes += 1;
     }

@@ -56,6 +56,25 @@ pub fn to_apply(
     (!(in_place && same_keys)).then_some(want)
 }
 
+/// Applies `labels` to node `name` with our field manager (server-side apply, forced): the set
+/// replaces what we owned, so an empty set removes our labels and nothing else.
+pub async fn apply(
+    nodes: &kube::Api<k8s_openapi::api::core::v1::Node>,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+    });
+    let params = kube::api::PatchParams::apply(CONTROLLER_MANAGER).force();
+    nodes
+        .patch(name, &params, &kube::api::Patch::Apply(&patch))
+        .await?;
+    Ok(())
+}
+
 /// A label value from free text: characters other than letters, digits, `-`, `_`, `.` become
 /// `-`, at most 63 characters, starting and ending with a letter or digit.
 pub fn label_value(text: &str) -> String {

@@ -231,10 +231,7 @@ async fn slurm_delete_node(a: SlurmDeleteNode) -> anyhow::Result<()> {
     let token = if let Some(path) = &a.token_file {
         slurmrestd::read_token_file(path)?
     } else if let Some(secret) = &a.token_secret {
-        let client = Client::try_default()
-            .await
-            .context("connecting to the API server")?;
-        slurmrestd::read_token(client, &a.namespace, secret).await?
+        slurmrestd::read_token(client(None).await?, &a.namespace, secret).await?
     } else {
         bail!("give --token-secret or --token-file");
     };

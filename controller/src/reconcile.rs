@@ -26,6 +26,7 @@ use mockgpu_api::gpunode::{CONTROLLER_MANAGER, condition};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use crate::labels;
 use crate::metrics::{ActionLabels, Metrics};
 use crate::plan::{self, Input, Plan, Settings, requests_resource};
 use crate::slurm::{NodeDeleted, SlurmNodes};
@@ -302,17 +303,7 @@ async fn apply_labels<S>(
     labels: &std::collections::BTreeMap<String, String>,
 ) -> Result<(), ReconcileError> {
     let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let patch = json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": node, "labels": labels},
-    });
-    nodes
-        .patch(
-            node,
-            &PatchParams::apply(CONTROLLER_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
+    labels::apply(&nodes, node, labels)
         .await
         .map_err(kube_err(format!("applying labels to node {node}")))?;
     info!(%node, ?labels, "node labels applied");
