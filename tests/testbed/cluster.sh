@@ -512,7 +512,7 @@ scenario_product_images() {  # the test bed's images hold what the Dockerfiles i
     while read -r n dest mode; do
       grep -qx "$dest $mode" <<< "$out" || fail "$img: want $dest with mode $mode (as $f installs it), got: $(tr '\n' ' ' <<< "$out")"
     done < <("$REPO/tests/images.sh" installs "$f")
-    uid=$(tail -1 <<< "$out"); want_uid=$(awk '/^FROM /{u=0} /^USER /{u=$2} END{print u+0}' "$f")
+    uid=$(tail -1 <<< "$out"); want_uid=$("$REPO/tests/images.sh" config "$f" | jq -r '.User // "0"'); want_uid=${want_uid%%:*}
     [ "$uid" = "$want_uid" ] || fail "$img runs as uid $uid, $f says USER $want_uid"
     wait_for 60 "$name-entry Succeeded" pod_phase_is "$name-entry" Succeeded \
       || fail "$img: its entry point with --version failed: $(kc logs "$name-entry" 2>&1 | tail -3)"
@@ -524,6 +524,7 @@ scenario_product_images() {  # the test bed's images hold what the Dockerfiles i
 # ---------------------------------------------------------------------------------------------
 # the agent's device plugin against the real kubelet
 
+node_label() { kc get node "${2:-$NODE}" -o jsonpath="{.metadata.labels.${1//./\\.}}"; }   # node_label <key> [node]
 allocatable() { kc get node "$NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}'; }
 allocatable_is() { [ "$(allocatable)" = "$1" ]; }
 # log_since <file> <line count before> <pattern>: the pattern in the lines written since
@@ -652,7 +653,7 @@ CTL_LEASE_S=15                     # the lease's duration (the controller's defa
 ctl_holder() { kc -n "$CTL_NS" get lease mockgpu-controller -o jsonpath='{.spec.holderIdentity}' 2> /dev/null; }
 ctl_holder_is() { [ "$(ctl_holder)" = "$1" ]; }
 ctl_holder_in() { local h; h=$(ctl_holder); [ -n "$h" ] && [[ " $* " == *" $h "* ]]; }
-ctl_label() { kc get node "$CTL_NODE" -o jsonpath="{.metadata.labels.${1//./\\.}}"; }
+ctl_label() { node_label "$1" "$CTL_NODE"; }
 ctl_label_is() { [ "$(ctl_label "$1")" = "$2" ]; }
 ctl_cond() { kc get gpunode "$CTL_NODE" -o jsonpath="{.status.conditions[?(@.type==\"$1\")].status}"; }
 ctl_cond_is() { [ "$(ctl_cond "$1")" = "$2" ]; }
@@ -1283,7 +1284,7 @@ guide() {
   esac
 }
 
-node_label() { kc get node "$NODE" -o jsonpath="{.metadata.labels.${1//./\\.}}"; }
+
 node_label_is() { [ "$(node_label "$1")" = "$2" ]; }
 mockgpu_mounts() { grep -c ' - fuse[^ ]* mockgpu ' "/proc/$(nodepid)/mountinfo" || true; }
 no_mockgpu_mounts() { [ "$(mockgpu_mounts)" = 0 ]; }
