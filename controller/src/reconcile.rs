@@ -11,7 +11,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -68,6 +69,40 @@ pub struct Context<S> {
     nodes: Store<PartialObjectMeta<Node>>,
     slurmd: Store<Pod>,
     pods: Store<Pod>,
+    /// The three caches above have had their first list.
+    synced: Synced,
+}
+
+/// Resolves once some caches have had their first list, for any number of waiters.
+///
+/// `Store::wait_until_ready` wakes only the last of several concurrent waiters (a oneshot
+/// underneath): the other reconcilers would wait forever, and their objects would never be
+/// reconciled again. One shared wait per set of caches wakes them all.
+#[derive(Clone)]
+struct Synced(Shared<BoxFuture<'static, bool>>);
+
+impl Synced {
+    fn new(all: impl Future<Output = bool> + Send + 'static) -> Self {
+        Self(all.boxed().shared())
+    }
+
+    async fn wait(&self) -> Result<(), ReconcileError> {
+        if self.0.clone().await {
+            Ok(())
+        } else {
+            Err(ReconcileError::CacheGone)
+        }
+    }
+}
+
+/// `store`'s first list, as a future for [`Synced::new`] (false if its writer went away).
+fn listed<K>(store: &Store<K>) -> impl Future<Output = bool> + Send + 'static
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
+{
+    let store = store.clone();
+    async move { store.wait_until_ready().await.is_ok() }
 }
 
 fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ReconcileError {
@@ -109,12 +144,19 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     let (pod_store, w) = reflector::store();
     let pod_events =
         reflector::reflector(w, watcher(pods, watcher::Config::default()).modify(strip));
+    let (n, s, p) = (
+        listed(&node_store),
+        listed(&slurmd_store),
+        listed(&pod_store),
+    );
+    let synced = Synced::new(async move { n.await && s.await && p.await });
     let ctx = Arc::new(Context {
         client,
         settings,
         slurm,
         recorder,
         metrics,
+        synced,
         nodes: node_store,
         slurmd: slurmd_store,
         pods: pod_store,
@@ -136,7 +178,8 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     let sweep_nodes = reflector::reflector(w, watcher(nodes, watcher::Config::default()));
     let (gone_store, w) = reflector::store::<PartialObjectMeta<GpuNode>>();
     let gpunode_events = reflector::reflector(w, watcher(gpunode_meta, watcher::Config::default()));
-    let sweep_ctx = Arc::new((ctx, gone_store));
+    let gone_synced = Synced::new(listed(&gone_store));
+    let sweep_ctx = Arc::new((ctx, gone_store, gone_synced));
     let sweep = Controller::for_stream(sweep_nodes.default_backoff().applied_objects(), swept)
         .watches_stream(touched(gpunode_events), |g| {
             Some(ObjectRef::new(&g.name_any()))
@@ -178,25 +221,12 @@ fn retry<K, S>(_: Arc<K>, err: &ReconcileError, _: Arc<S>) -> Action {
     Action::requeue(RETRY)
 }
 
-async fn ready<K>(store: &Store<K>) -> Result<(), ReconcileError>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Clone + Eq + std::hash::Hash,
-{
-    store
-        .wait_until_ready()
-        .await
-        .map_err(|_| ReconcileError::CacheGone)
-}
-
 async fn reconcile_gpunode<S: SlurmNodes>(
     g: Arc<GpuNode>,
     ctx: Arc<Context<S>>,
 ) -> Result<Action, ReconcileError> {
     let started = Instant::now();
-    ready(&ctx.nodes).await?;
-    ready(&ctx.slurmd).await?;
-    ready(&ctx.pods).await?;
+    ctx.synced.wait().await?;
     let name = g.name_any();
     let node = ctx.nodes.get(&ObjectRef::new(&name));
     let slurmd = ctx.slurmd.state_filter(|p| on_node(p, &name));
@@ -449,14 +479,14 @@ impl<S> Context<S> {
 }
 
 /// The sweep's context: the shared one and its own GpuNode cache.
-type SweepContext<S> = (Arc<Context<S>>, Store<PartialObjectMeta<GpuNode>>);
+type SweepContext<S> = (Arc<Context<S>>, Store<PartialObjectMeta<GpuNode>>, Synced);
 
 async fn sweep_node<S: SlurmNodes>(
     node: Arc<PartialObjectMeta<Node>>,
     ctx: Arc<SweepContext<S>>,
 ) -> Result<Action, ReconcileError> {
-    let (ctx, gpunodes) = (&ctx.0, &ctx.1);
-    ready(gpunodes).await?;
+    let (ctx, gpunodes, synced) = (&ctx.0, &ctx.1, &ctx.2);
+    synced.wait().await?;
     let name = node.name_any();
     if gpunodes.get(&ObjectRef::new(&name)).is_some() {
         return Ok(Action::await_change());
@@ -500,4 +530,54 @@ pub fn recorder(client: Client, identity: &str) -> Recorder {
             instance: Some(identity.into()),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    /// Several reconcilers waiting at once for the first list all go on (a bare
+    /// `wait_until_ready` wakes only one of them).
+    #[tokio::test]
+    async fn every_waiter_wakes_on_the_first_list() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        let synced = Synced::new(listed(&store));
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let s = synced.clone();
+                tokio::spawn(async move { s.wait().await.is_ok() })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        for w in &waiters {
+            assert!(!w.is_finished(), "a waiter went on before the first list");
+        }
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("a".into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(cm));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        for w in waiters {
+            let woke = tokio::time::timeout(Duration::from_secs(5), w).await;
+            assert!(matches!(woke, Ok(Ok(true))), "a waiter stayed asleep: {woke:?}");
+        }
+        assert_eq!(store.state().len(), 1);
+    }
+
+    /// A cache whose writer went away fails the wait instead of hanging.
+    #[tokio::test]
+    async fn a_dropped_cache_fails_the_wait() {
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let synced = Synced::new(listed(&store));
+        drop(writer);
+        let r = tokio::time::timeout(Duration::from_secs(5), synced.wait()).await;
+        assert!(matches!(r, Ok(Err(ReconcileError::CacheGone))), "{r:?}");
+    }
 }
