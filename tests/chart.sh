@@ -68,6 +68,8 @@ want "$D" "the GpuNode CRD (crds/, generated from the controller): cluster-scope
    and .names.kind == "GpuNode" and ([.versions[] | select(.name == "v1alpha1") | .subresources.status] | length) == 1'
 want "$D" "rollout: a new agent before the old one stops" \
   'ds("default").spec.updateStrategy == {type: "RollingUpdate", rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}'
+want "$D" "the agent's own pods opt out of injection (privileged, they see the node's GPU devices)" \
+  'ds("default").spec.template.metadata.annotations["mockgpu.io/skip"] == "true"'
 want "$D" "agent and keeper privileged, the agent image's binary" \
   'ds("default") | pod | (ctr("agent").securityContext.privileged == true and ctr("keeper").securityContext.privileged == true
    and ctr("agent").command == ["/usr/bin/mockgpu-agent", "serve"] and ctr("keeper").command == ["/usr/bin/mockgpu-agent", "keeper", "--idle-after-handover"])'

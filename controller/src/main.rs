@@ -10,7 +10,7 @@ use mockgpu_controller::lease::Timing;
 use mockgpu_controller::plan::Settings;
 use mockgpu_controller::run::{Config, run};
 use mockgpu_controller::slurm::{NoSlurm, NodeDeleted, SlurmNodes};
-use mockgpu_controller::slurmrestd::{self, SecretKey, Slurmrestd};
+use mockgpu_controller::slurmrestd::{self, SecretKey, Slurmrestd, WithSecretToken};
 
 /// mockgpu's central controller.
 #[derive(Parser)]
@@ -178,12 +178,13 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             let token = slurmrestd::read_token(client.clone(), &cfg.namespace, secret).await?;
             let timeout = Duration::try_from_secs_f64(args.slurmrestd_timeout)
                 .context("MOCKGPU_SLURMRESTD_TIMEOUT")?;
-            Some(Slurmrestd::new(
-                url,
-                &args.slurmrestd_user,
-                &token,
-                timeout,
-            )?)
+            let rest = Slurmrestd::new(url, &args.slurmrestd_user, &token, timeout)?;
+            Some(WithSecretToken::new(
+                rest,
+                client.clone(),
+                &cfg.namespace,
+                secret.clone(),
+            ))
         }
         (Some(url), None) => {
             bail!(

@@ -4,6 +4,7 @@
 //! is read from a Kubernetes Secret ([`read_token`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,7 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Secret;
 use serde::Deserialize;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::slurm::{NodeDeleted, SlurmError, SlurmNodes};
 
@@ -36,12 +37,12 @@ pub enum ConfigError {
     Header { what: &'static str },
 }
 
-/// A slurmrestd client: one base URL, one user, one token, one request timeout.
+/// A slurmrestd client: one base URL, one user, one token (replaceable), one request timeout.
 pub struct Slurmrestd {
     client: Client<HttpConnector, Empty<Bytes>>,
     base: String,
     user: HeaderValue,
-    token: HeaderValue,
+    token: RwLock<HeaderValue>,
     timeout: Duration,
     /// Index in [`API_VERSIONS`] of the newest version this server was last seen to serve.
     version: AtomicUsize,
@@ -67,19 +68,21 @@ impl Slurmrestd {
         if uri.query().is_some() {
             return Err(bad("a query has no place in the base url"));
         }
-        let header = |what, v: &str| {
-            let mut h = HeaderValue::from_str(v).map_err(|_| ConfigError::Header { what })?;
-            h.set_sensitive(what == "token");
-            Ok::<_, ConfigError>(h)
-        };
         Ok(Self {
             client: Client::builder(TokioExecutor::new()).build_http(),
             base: url.trim_end_matches('/').to_owned(),
             user: header("user name", user)?,
-            token: header("token", token)?,
+            token: RwLock::new(header("token", token)?),
             timeout,
             version: AtomicUsize::new(0),
         })
+    }
+
+    /// Uses `token` from now on.
+    pub fn set_token(&self, token: &str) -> Result<(), ConfigError> {
+        let token = header("token", token)?;
+        *self.token.write().unwrap_or_else(PoisonError::into_inner) = token;
+        Ok(())
     }
 
     /// The URL of node `name` in API `version`.
@@ -95,7 +98,13 @@ impl Slurmrestd {
             .method(method)
             .uri(uri)
             .header("X-SLURM-USER-NAME", self.user.clone())
-            .header("X-SLURM-USER-TOKEN", self.token.clone())
+            .header(
+                "X-SLURM-USER-TOKEN",
+                self.token
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone(),
+            )
             .body(Empty::new())
             .map_err(|e| SlurmError::Http(e.to_string()))?;
         let exchange = async {
@@ -114,6 +123,46 @@ impl Slurmrestd {
         tokio::time::timeout(self.timeout, exchange)
             .await
             .map_err(|_| SlurmError::Timeout)?
+    }
+}
+
+/// A header value of `what` (the token's is marked sensitive: never logged).
+fn header(what: &'static str, v: &str) -> Result<HeaderValue, ConfigError> {
+    let mut h = HeaderValue::from_str(v).map_err(|_| ConfigError::Header { what })?;
+    h.set_sensitive(what == "token");
+    Ok(h)
+}
+
+/// slurmrestd with its token from a Secret, read again before each deletion: a renewed token is
+/// used without a restart. A failed read keeps the token read before (and says so).
+pub struct WithSecretToken {
+    rest: Slurmrestd,
+    client: kube::Client,
+    namespace: String,
+    secret: SecretKey,
+}
+
+impl WithSecretToken {
+    /// `rest`, whose token came from `secret` in `namespace`.
+    pub fn new(rest: Slurmrestd, client: kube::Client, namespace: &str, secret: SecretKey) -> Self {
+        Self {
+            rest,
+            client,
+            namespace: namespace.to_owned(),
+            secret,
+        }
+    }
+}
+
+impl SlurmNodes for WithSecretToken {
+    async fn delete_node(&self, name: &str) -> Result<NodeDeleted, SlurmError> {
+        let fresh = read_token(self.client.clone(), &self.namespace, &self.secret).await;
+        match fresh.map(|t| self.rest.set_token(&t)) {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => warn!(%err, "the slurmrestd token read again is unusable; keeping the one before"),
+            Err(err) => warn!(%err, "cannot read the slurmrestd token again; keeping the one before"),
+        }
+        self.rest.delete_node(name).await
     }
 }
 
@@ -614,6 +663,21 @@ mod tests {
         assert_eq!(s.path, "/slurm/v0.0.42/node/node0");
         assert_eq!(s.user.as_deref(), Some("slurm"));
         assert_eq!(s.token.as_deref(), Some("eyJ.tok.en"));
+    }
+
+    #[tokio::test]
+    async fn a_new_token_is_sent_from_then_on() {
+        let (url, mut seen) = fake(200, DELETED_BODY).await;
+        let c = client(&url, Duration::from_secs(5));
+        c.delete_node("node0").await.unwrap();
+        c.set_token("eyJ.re.newed").unwrap();
+        c.delete_node("node0").await.unwrap();
+        let tokens = [seen.recv().await.unwrap(), seen.recv().await.unwrap()].map(|s| s.token);
+        assert_eq!(tokens, [Some("eyJ.tok.en".into()), Some("eyJ.re.newed".into())]);
+        assert!(matches!(
+            c.set_token("eyJ\nsplit"),
+            Err(ConfigError::Header { what: "token" })
+        ));
     }
 
     /// Deletes `node` through a fake answering `status` and `body`: the outcome, and what it saw.

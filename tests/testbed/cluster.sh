@@ -673,18 +673,15 @@ ctl_heartbeat() {  # ctl_heartbeat [topologySince]: the GpuNode's status as an a
     -p "{\"status\":{\"lastHeartbeat\":\"$now\",\"topologySince\":\"${1:-$now}\",\"heldGpus\":0}}" > /dev/null
 }
 
-ctl_gpunode() {  # ctl_gpunode <profile> <GPUs> <model>: our GpuNode's spec
+gpunode_yaml() {  # gpunode_yaml <name> <profile> <GPUs> <model>: a GpuNode as an agent would report it
   local i gpus=""
-  for i in $(seq 0 $(( $2 - 1 ))); do
-    gpus="$gpus{index: $i, minor: $i, uuid: GPU-0000000$i-0000-0000-0000-000000000000, busId: '0000:0$i:00.0', model: $3, numaNode: 0, localCpulist: '0-7', socket: 0},"
+  for i in $(seq 0 $(( $3 - 1 ))); do
+    gpus="$gpus{index: $i, minor: $i, uuid: GPU-0000000$i-0000-0000-0000-000000000000, busId: '0000:0$i:00.0', model: $4, numaNode: 0, localCpulist: '0-7', socket: 0},"
   done
-  kc apply -f - > /dev/null <<EOF
-apiVersion: mockgpu.io/v1alpha1
-kind: GpuNode
-metadata: {name: $CTL_NODE}
-spec: {nodeName: $CTL_NODE, mode: mock, profile: $1, topologyHash: $1-$2, gpuCount: $2, gpus: [${gpus%,}]}
-EOF
+  printf 'apiVersion: mockgpu.io/v1alpha1\nkind: GpuNode\nmetadata: {name: %s}\nspec: {nodeName: %s, mode: mock, profile: %s, topologyHash: %s-%s, gpuCount: %s, gpus: [%s]}\n' \
+    "$1" "$1" "$2" "$2" "$3" "$3" "${gpus%,}"
 }
+ctl_gpunode() { gpunode_yaml "$CTL_NODE" "$@" | kc apply -f - > /dev/null; }   # ctl_gpunode <profile> <GPUs> <model>
 
 scenario_controller_rbac() {  # the CRD, the service account, its roles, a token kubeconfig; can-i
   "$CONTROLLER_BIN" crd | kc apply -f - > /dev/null
@@ -915,13 +912,14 @@ SlurmdLogFile=/var/log/slurm/slurmd.log
 AuthType=auth/slurm
 CredType=cred/slurm
 AuthInfo=use_client_ids
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=/etc/slurm/jwt_hs256.key
 SlurmctldParameters=enable_configless,reconfig_on_restart
 AccountingStorageType=accounting_storage/none
 GresTypes=gpu
 NodeSet=$SLINKY_NODESET Feature=$SLINKY_NODESET
 PartitionName=$SLINKY_NODESET Nodes=$SLINKY_NODESET Default=YES MaxTime=UNLIMITED State=UP
 EOF
-  # (Slinky also sets AuthAltTypes=auth/jwt for slurmrestd, which is not deployed here)
   grep -q '^CgroupPlugin=disabled' <<< "$1" && echo 'ProctrackType=proctrack/linuxproc'
   return 0
 }
@@ -930,6 +928,7 @@ slinky_controller_up() {  # slurm.key Secret, config ConfigMap, the slurmctld po
   local cg; cg=$(slinky_cgroup_conf)
   dp_ns "$SLINKY_NS"
   kc -n "$SLINKY_NS" create secret generic slurm-auth-slurm --from-file=slurm.key=<(head -c 1024 /dev/urandom) > /dev/null
+  kc -n "$SLINKY_NS" create secret generic slurm-auth-jwths256 --from-file=jwt_hs256.key=<(head -c 32 /dev/urandom) > /dev/null
   kc -n "$SLINKY_NS" create configmap slurm-config --from-file=slurm.conf=<(slinky_slurm_conf "$cg") \
     --from-file=cgroup.conf=<(echo "$cg") --from-file=gres.conf=<(echo 'AutoDetect=nvidia') > /dev/null
   kc apply -f - > /dev/null <<EOF
@@ -957,15 +956,18 @@ spec:
       sed "s/@CTLD_ADDR@/\$POD_IP/" /mnt/slurm/slurm.conf > /etc/slurm/slurm.conf
       cp /mnt/slurm/cgroup.conf /mnt/slurm/gres.conf /etc/slurm/
       install -o slurm -g slurm -m 600 /mnt/slurm-key/slurm.key /etc/slurm/slurm.key
+      install -o slurm -g slurm -m 600 /mnt/jwt-key/jwt_hs256.key /etc/slurm/jwt_hs256.key
       install -d -o slurm -g slurm /var/spool/slurmctld /var/log/slurm
       exec slurmctld -D
     env: [{name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]
     volumeMounts:
     - {name: slurm-config, mountPath: /mnt/slurm, readOnly: true}
     - {name: slurm-key, mountPath: /mnt/slurm-key, readOnly: true}
+    - {name: jwt-key, mountPath: /mnt/jwt-key, readOnly: true}
   volumes:
   - {name: slurm-config, configMap: {name: slurm-config}}
   - {name: slurm-key, secret: {secretName: slurm-auth-slurm, defaultMode: 0600}}
+  - {name: jwt-key, secret: {secretName: slurm-auth-jwths256, defaultMode: 0600}}
 EOF
   kc -n "$SLINKY_NS" wait --for=condition=Ready "pod/$SLINKY_CTLD" --timeout=120s > /dev/null \
     || { kc -n "$SLINKY_NS" describe pod "$SLINKY_CTLD" | tail -20; kc -n "$SLINKY_NS" logs "$SLINKY_CTLD" | tail -20; exit 1; }
@@ -975,6 +977,47 @@ EOF
 }
 
 ctld() { kc -n "$SLINKY_NS" exec "$SLINKY_CTLD" -c slurmctld -- "$@"; }   # a command in the slurmctld container
+
+SLINKY_RESTAPI=slurm-restapi         # Slinky's slurmrestd (a Deployment and Service of that name)
+RESTAPI_PORT=6820
+slinky_restapi_up() {  # slinky_restapi_up <controller IP>: slurmrestd as Slinky runs it; its IP in $ST/slinky-restapi-ip
+  # JWT only, and SLURM_JWT=daemon: each request reaches slurmctld with its client's token. It
+  # refuses to run as root, SlurmUser or nobody: a user of its own
+  kc apply -f - > /dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $SLINKY_RESTAPI
+  namespace: $SLINKY_NS
+  labels: {app.kubernetes.io/name: slurmrestd, app.kubernetes.io/instance: slurm, app.kubernetes.io/component: restapi}
+spec:
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: slurmrestd
+    image: localhost/slurmd:1
+    imagePullPolicy: Never
+    command: [/bin/sh, -c]
+    args:
+    - |
+      set -e
+      sed "s/@CTLD_ADDR@/\$CTLD_ADDR/" /mnt/slurm/slurm.conf > /etc/slurm/slurm.conf
+      echo 'slurmrestd:x:65532:65532::/nonexistent:/usr/sbin/nologin' >> /etc/passwd
+      echo 'slurmrestd:x:65532:' >> /etc/group
+      exec slurmrestd -s openapi/slurmctld -a rest_auth/jwt -u slurmrestd -g slurmrestd 0.0.0.0:$RESTAPI_PORT
+    env:
+    - {name: SLURM_JWT, value: daemon}
+    - {name: CTLD_ADDR, value: "$1"}
+    ports: [{name: slurmrestd, containerPort: $RESTAPI_PORT}]
+    readinessProbe: {tcpSocket: {port: $RESTAPI_PORT}, periodSeconds: 2}
+    volumeMounts: [{name: slurm-config, mountPath: /mnt/slurm, readOnly: true}]
+  volumes: [{name: slurm-config, configMap: {name: slurm-config}}]
+EOF
+  kc -n "$SLINKY_NS" wait --for=condition=Ready "pod/$SLINKY_RESTAPI" --timeout=120s > /dev/null \
+    || { kc -n "$SLINKY_NS" describe pod "$SLINKY_RESTAPI" | tail -20; kc -n "$SLINKY_NS" logs "$SLINKY_RESTAPI" | tail -20; exit 1; }
+  kc -n "$SLINKY_NS" get pod "$SLINKY_RESTAPI" -o jsonpath='{.status.podIP}' > "$ST/slinky-restapi-ip"
+}
 
 slinky_nodeset_up() {  # slinky_nodeset_up <controller IP>: the slurmd DaemonSet, Slinky's pod shape
   kc apply -f - > /dev/null <<EOF
@@ -1124,7 +1167,8 @@ gn_gpus_is() { [ "$(gn '{.spec.gpuCount}')" = "$1" ]; }
 gn_uid_not() { local u; u=$(gn '{.metadata.uid}') && [ -n "$u" ] && [ "$u" != "$1" ] && gn_ready; }
 gn_beat_after() { [[ "$(gn '{.status.lastHeartbeat}')" > "$1" ]]; }
 # kubectl as the agent: its token, its RBAC
-kc_agent() { nsenter -t "$(nodepid)" -n -- "$KUBECTL" --kubeconfig "$R$AGENT_KCFG" --request-timeout=30s "$@"; }
+kc_as() { local f=$1; shift; nsenter -t "$(nodepid)" -n -- "$KUBECTL" --kubeconfig "$f" --request-timeout=30s "$@"; }  # kc_as <kubeconfig> ...
+kc_agent() { kc_as "$R$AGENT_KCFG" "$@"; }
 
 agent_kubeconfig() { kubeconfig "$R$AGENT_KCFG" "$AGENT_SA" "$1"; }  # agent_kubeconfig <token>
 
@@ -1284,11 +1328,76 @@ guide() {
   esac
 }
 
+# guide_sh <prefix>: that command line as a shell runs it ($(...) and all), helm and kubectl
+# being `hc` and `kc`
+guide_sh() {
+  local line; line=$(grep -m1 -- "^$1" "$REPO/README.md") || fail "README.md has no command line starting with '$1'"
+  (cd "$REPO" && helm() { hc "$@"; } && kubectl() { kc "$@"; } && eval "$line")
+}
 
 node_label_is() { [ "$(node_label "$1")" = "$2" ]; }
 mockgpu_mounts() { grep -c ' - fuse[^ ]* mockgpu ' "/proc/$(nodepid)/mountinfo" || true; }
 no_mockgpu_mounts() { [ "$(mockgpu_mounts)" = 0 ]; }
 mockgpu_devices() { find "$R/run/mockgpu" -type c 2> /dev/null | wc -l; }
+
+# the admission policy with real service-account tokens of the agent: the agent pod's own (bound
+# to it, so to this node), one bound to a pod on another node, and one bound to nothing
+VAP_NODE=mgtb-elsewhere          # a Node object with no kubelet behind it
+VAP_POD=agent-token-probe        # a pod of the agent's service account there (it never runs)
+jwt_claims() {  # jwt_claims <token>: its payload, JSON
+  cut -d. -f2 <<< "$1" | tr '_-' '/+' | awk '{n = length($0) % 4; if (n) $0 = $0 substr("===", 1, 4 - n); print}' | base64 -d
+}
+vap_try() {  # vap_try <token> <GpuNode>: a server-side dry run of that GpuNode's apply with the token
+  kubeconfig "$ST/vap.kubeconfig" "$AGENT_SA" "$1"
+  gpunode_yaml "$2" gb300 4 gb300 | kc_as "$ST/vap.kubeconfig" apply --server-side --dry-run=server --field-manager mockgpu-agent -f - 2>&1
+}
+vap_allows() {  # vap_allows <what> <token> <GpuNode>
+  local out; out=$(vap_try "$2" "$3") || fail "$1: writing GpuNode $3 was refused: $out"
+  echo "  $1, GpuNode $3: allowed ($out)"
+}
+vap_denies() {  # vap_denies <what> <token> <GpuNode> <message part>
+  local out; if out=$(vap_try "$2" "$3"); then fail "$1: writing GpuNode $3 was allowed: $out"; fi
+  grep -qF "ValidatingAdmissionPolicy 'mockgpu-agent-own-gpunode'" <<< "$out" || fail "$1, GpuNode $3: not refused by the policy: $out"
+  grep -qF -- "$4" <<< "$out" || fail "$1, GpuNode $3: the refusal does not say '$4': $out"
+  echo "  $1, GpuNode $3: denied ($(grep -oF -- "$4" <<< "$out"))"
+}
+vap_down() {
+  kc -n "$CHART_NS" delete pod "$VAP_POD" --ignore-not-found --force --grace-period=0 > /dev/null 2>&1 || true
+  kc delete node "$VAP_NODE" --ignore-not-found > /dev/null
+}
+chart_admission_policy() {
+  local own other unbound
+  own=$(kc -n "$CHART_NS" exec ds/mockgpu-agent-default -c agent -- cat /var/run/secrets/kubernetes.io/serviceaccount/token) \
+    || fail "reading the agent pod's service-account token"
+  [ "$(jwt_claims "$own" | jq -r '."kubernetes.io".node.name')" = "$NODE" ] \
+    || fail "the agent pod's token names no node $NODE: $(jwt_claims "$own" | jq -c '."kubernetes.io"')"
+  # a tainted node that no DaemonSet pod lands on; the probe pod tolerates the taint
+  kc apply -f - > /dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata: {name: $VAP_NODE}
+spec: {taints: [{key: mockgpu.io/token-probe, effect: NoExecute}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $VAP_POD, namespace: $CHART_NS}
+spec:
+  serviceAccountName: $AGENT_SA
+  nodeName: $VAP_NODE
+  tolerations: [{key: mockgpu.io/token-probe, operator: Exists}]
+  containers: [{name: probe, image: localhost/busybox:1, imagePullPolicy: Never}]
+EOF
+  other=$(kc -n "$CHART_NS" create token "$AGENT_SA" --bound-object-kind Pod --bound-object-name "$VAP_POD" --duration=10m)
+  [ "$(jwt_claims "$other" | jq -r '."kubernetes.io".node.name')" = "$VAP_NODE" ] \
+    || fail "the probe pod's token names no node $VAP_NODE: $(jwt_claims "$other" | jq -c '."kubernetes.io"')"
+  unbound=$(kc -n "$CHART_NS" create token "$AGENT_SA" --duration=10m)
+  vap_allows "the agent pod's token" "$own" "$NODE"
+  vap_denies "the agent pod's token" "$own" "$VAP_NODE" "the mockgpu agent on node $NODE may write only GpuNode $NODE, not $VAP_NODE"
+  vap_allows "a token bound to a pod on $VAP_NODE" "$other" "$VAP_NODE"
+  vap_denies "a token bound to a pod on $VAP_NODE" "$other" "$NODE" "the mockgpu agent on node $VAP_NODE may write only GpuNode $VAP_NODE, not $NODE"
+  vap_denies "a token bound to no pod" "$unbound" "$NODE" "no authentication.kubernetes.io/node-name claim"
+  vap_down
+}
 
 scenario_chart_install() {
   # the steps before left a host agent with the keeper it started, and objects of the same names
@@ -1324,6 +1433,65 @@ scenario_chart_install() {
   guide "helm test mockgpu " > "$ST/helm-test.txt" 2>&1 || { cat "$ST/helm-test.txt"; fail "helm test (mockgpu-agent doctor)"; }
   timing chart-helm-test "$(ms "$t") ms"
   sed -n '/POD LOGS/,$p' "$ST/helm-test.txt" | sed 's/^/  /' | head -30
+  trap 'vap_down' EXIT
+  chart_admission_policy
+  trap - EXIT
+}
+
+# Slinky on the chart's agent and controller, then the README's profile change by `helm upgrade`
+# with remediation on: the controller sees the slurmd pod predate the new topology (Drifted),
+# deletes the node's Slurm record through slurmrestd and the pod, and the recreated pod's slurmd
+# registers the new GPUs
+slurmd_uid() { kc -n "$SLINKY_NS" get pods -l "app.kubernetes.io/name=slurmd" -o jsonpath='{.items[*].metadata.uid}'; }
+slinky_node_gres_is() { [ "$(ctld sinfo -h -N -o '%N %T %G')" = "$NODE idle $1" ]; }
+gn_events() { kc get events -A --field-selector "involvedObject.kind=GpuNode,involvedObject.name=$NODE" -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}'; }
+gn_event_seen() { gn_events | grep -qx "$1"; }
+remediated() { gn_event_seen SlurmNodeDeleted && gn_event_seen PodDeleted; }
+gn_profile_is() { [ "$(gn '{.spec.profile}')" = "$1" ]; }
+scenario_chart_slinky() {
+  local t ip rip s sockets uid0 r
+  trap 'slinky_down > /dev/null 2>&1 || true' EXIT
+  : > "$ST/slinky-labelled"    # the chart's controller labels the node; the step does not
+  node_label_is "$PCI_LABEL" true || fail "the chart's controller did not label $NODE $PCI_LABEL=true"
+  slinky_controller_up; ip=$(cat "$ST/slinky-ctld-ip")
+  slinky_restapi_up "$ip"; rip=$(cat "$ST/slinky-restapi-ip")
+  t=$(date +%s%N); slinky_nodeset_up "$ip"
+  kc -n "$SLINKY_NS" rollout status "ds/$SLINKY_NODESET" --timeout=120s > /dev/null || { slinky_logs; exit 1; }
+  wait_for 60 "slurmd $NODE idle in sinfo" slinky_node_idle || { slinky_logs; exit 1; }
+  timing chart-slinky-slurmd-idle "$(ms "$t") ms"
+  sockets=$(gres_sockets); [ -n "$sockets" ] || fail "no socket found for the served GPUs"
+  slinky_node_gres_is "gpu:nvidia_gb300:4(S:$sockets)" || { slinky_logs; fail "sinfo: $(ctld sinfo -h -N -o '%N %T %G'), want gpu:nvidia_gb300:4(S:$sockets)"; }
+  s=$(slinky_srun --gres=gpu:2 env | grep '^CUDA_VISIBLE_DEVICES=') || { slinky_logs; fail "srun -N1 --gres=gpu:2 env"; }
+  [ "$s" = CUDA_VISIBLE_DEVICES=0,1 ] || fail "srun --gres=gpu:2 on the chart's agent: $s"
+  echo "  on the chart's agent: $(ctld sinfo -h -N -o '%N %T %G'); srun --gres=gpu:2: $s"
+  uid0=$(slurmd_uid)
+  # the README's token Secret and profile change; slurmrestd's address in place of its Service's
+  guide_sh "kubectl -n mockgpu-system create secret generic slurm-token" > /dev/null || fail "the README's slurm-token Secret"
+  t=$(date +%s%N)
+  guide "helm upgrade mockgpu " --set "controller.remediation.slurmrestdUrl=http://$rip:$RESTAPI_PORT" > "$ST/helm-upgrade.txt" 2>&1 \
+    || { cat "$ST/helm-upgrade.txt"; fail "helm upgrade (profile gb200, remediation on)"; }
+  timing chart-upgrade "$(ms "$t") ms (helm upgrade --wait)"
+  wait_for 60 "GpuNode $NODE with profile gb200" gn_profile_is gb200 || fail "GpuNode profile: $(gn '{.spec.profile}')"
+  wait_for 120 "the controller's remediation (SlurmNodeDeleted, PodDeleted)" remediated \
+    || { kc -n "$CHART_NS" logs deploy/mockgpu-controller | tail -20; gn_events | sort | uniq -c; kc get gpunode "$NODE" -o jsonpath='{.status.conditions}'; fail "no remediation after the profile change"; }
+  echo "  the GpuNode's events: $(gn_events | sort | uniq -c | awk '{printf "%s %s; ", $2, $1}')"
+  gn_event_seen Drifted || fail "no Drifted event before the remediation"
+  sockets=$(gres_sockets); [ -n "$sockets" ] || fail "no socket found for the served GPUs"
+  wait_for 120 "sinfo: $NODE idle gpu:nvidia_gb200:4(S:$sockets)" slinky_node_gres_is "gpu:nvidia_gb200:4(S:$sockets)" \
+    || { slinky_logs; fail "Slurm did not take the new GPUs"; }
+  timing chart-remediated "$(ms "$t") ms from helm upgrade to slurmd idle with the new GPUs"
+  [ -n "$(slurmd_uid)" ] && [ "$(slurmd_uid)" != "$uid0" ] || fail "the slurmd pod was not recreated (uid $(slurmd_uid), was $uid0)"
+  s=$(slinky_srun --gres=gpu:2 env | grep '^CUDA_VISIBLE_DEVICES=') || { slinky_logs; fail "srun --gres=gpu:2 after the remediation"; }
+  [ "$s" = CUDA_VISIBLE_DEVICES=0,1 ] || fail "srun --gres=gpu:2 after the remediation: $s"
+  r=$(slinky_srun sh -c 'grep -h "^Model:" /proc/driver/nvidia/gpus/*/information | sort | uniq -c') || fail "srun reading the GPUs' information"
+  grep -qE '^ *4 Model:[[:space:]]+NVIDIA GB200' <<< "$r" || fail "the job sees: $r"
+  echo "  after helm upgrade: $(guide "kubectl -n slurm exec slurm-controller-0 -c slurmctld -- sinfo" | tail -1); slurmd pod recreated; srun --gres=gpu:2: $s; the job: $(xargs <<< "$r")"
+  echo "  conditions: $(kc get gpunode "$NODE" -o json | jq -r '[.status.conditions[] | "\(.type)=\(.status)"] | join(" ")')"
+  slinky_down; trap - EXIT
+}
+
+scenario_chart_uninstall() {  # `helm uninstall` leaves no mount, device node or label behind
+  local t k
   grep ' /run/mockgpu' "/proc/$(nodepid)/mountinfo" | sed 's/^/  mount before uninstall: /'
   t=$(date +%s%N)
   guide "helm uninstall mockgpu " --timeout 180s > /dev/null || fail "helm uninstall"
@@ -1331,42 +1499,52 @@ scenario_chart_install() {
   wait_for 60 "no mockgpu FUSE mount in the node" no_mockgpu_mounts \
     || { grep ' /run/mockgpu' "/proc/$(nodepid)/mountinfo" | sed 's/^/  left: /'; fail "helm uninstall left $(mockgpu_mounts) FUSE mounts"; }
   [ "$(mockgpu_devices)" = 0 ] || fail "helm uninstall left device nodes: $(find "$R/run/mockgpu" -type c | tr '\n' ' ')"
-  local k; for k in mockgpu.io/profile nvidia.com/gpu.present nvidia.com/gpu.count nvidia.com/gpu.product feature.node.kubernetes.io/pci-10de.present; do
+  for k in mockgpu.io/profile nvidia.com/gpu.present nvidia.com/gpu.count nvidia.com/gpu.product feature.node.kubernetes.io/pci-10de.present; do
     [ -z "$(node_label "$k")" ] || fail "helm uninstall left the label $k=$(node_label "$k")"
   done
   echo "  uninstalled: no FUSE mount, no device node under /run/mockgpu, no mockgpu label on $NODE"
 }
 
+# cstep <name> <function>: a cluster step. CLUSTER_STEPS="<name> ..." runs only those, for work
+# on a few (a step may need what earlier ones leave: the product images, the chart installed)
+cstep() {
+  if [ -z "${CLUSTER_STEPS:-}" ] || [[ " $CLUSTER_STEPS " == *" $1 "* ]]; then step "$@"
+  else log "$1: not in CLUSTER_STEPS"; fi
+}
+
 run_cluster_scenarios() {
-  step node-ready scenario_node_ready
-  step pod-daemonset-exec scenario_workloads
-  step crd-admission-policy scenario_policy
-  step helm scenario_helm
-  step chart-dry-run scenario_chart_dry_run
-  step product-images scenario_product_images
-  step device-plugin-socket scenario_device_plugin_socket
-  step gpu-pod-injected scenario_gpu_pod
-  step dp-registered scenario_dp_registered
-  step gpunode-setup scenario_gpunode_setup
-  step gpunode-reported scenario_gpunode_reported
-  step dp-pod-2-gpus scenario_dp_pod
-  step gpunode-held scenario_gpunode_held
-  step dp-pod-5-pending scenario_dp_too_many
-  step dp-failed-gpu scenario_dp_failed_gpu
-  step dp-kubelet-restart scenario_dp_kubelet_restart
-  step gpunode-topology scenario_gpunode_topology
-  step gpunode-recreated scenario_gpunode_recreated
-  step gpunode-heartbeat scenario_gpunode_heartbeat
-  step controller-rbac scenario_controller_rbac
-  step controller-leader scenario_controller_leader
-  step controller-labels scenario_controller_labels
-  step controller-stale scenario_controller_stale
-  step controller-failover scenario_controller_failover
-  step controller-apiserver-restart scenario_controller_apiserver_restart
-  step controller-gpunode-deleted scenario_controller_gpunode_deleted
-  if slinky_supported; then step slinky-slurm scenario_slinky_slurm
+  cstep node-ready scenario_node_ready
+  cstep pod-daemonset-exec scenario_workloads
+  cstep crd-admission-policy scenario_policy
+  cstep helm scenario_helm
+  cstep chart-dry-run scenario_chart_dry_run
+  cstep product-images scenario_product_images
+  cstep device-plugin-socket scenario_device_plugin_socket
+  cstep gpu-pod-injected scenario_gpu_pod
+  cstep dp-registered scenario_dp_registered
+  cstep gpunode-setup scenario_gpunode_setup
+  cstep gpunode-reported scenario_gpunode_reported
+  cstep dp-pod-2-gpus scenario_dp_pod
+  cstep gpunode-held scenario_gpunode_held
+  cstep dp-pod-5-pending scenario_dp_too_many
+  cstep dp-failed-gpu scenario_dp_failed_gpu
+  cstep dp-kubelet-restart scenario_dp_kubelet_restart
+  cstep gpunode-topology scenario_gpunode_topology
+  cstep gpunode-recreated scenario_gpunode_recreated
+  cstep gpunode-heartbeat scenario_gpunode_heartbeat
+  cstep controller-rbac scenario_controller_rbac
+  cstep controller-leader scenario_controller_leader
+  cstep controller-labels scenario_controller_labels
+  cstep controller-stale scenario_controller_stale
+  cstep controller-failover scenario_controller_failover
+  cstep controller-apiserver-restart scenario_controller_apiserver_restart
+  cstep controller-gpunode-deleted scenario_controller_gpunode_deleted
+  if slinky_supported; then cstep slinky-slurm scenario_slinky_slurm
   else log "slinky-slurm: left out: the node root has Slurm $(innode slurmd -V | awk '{print $2}'), Slinky's operator supports 25.11 and later (SUITE=sid has 26.05)"; fi
-  step chart-install scenario_chart_install
+  cstep chart-install scenario_chart_install
+  if slinky_supported; then cstep chart-slinky-remediation scenario_chart_slinky
+  else log "chart-slinky-remediation: left out (Slurm $(innode slurmd -V | awk '{print $2}'); SUITE=sid)"; fi
+  cstep chart-uninstall scenario_chart_uninstall
 }
 
 cluster_down() {  # (phase_down, first) the kubelet before the runtime, so that it restarts nothing
