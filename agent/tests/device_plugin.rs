@@ -396,27 +396,42 @@ async fn a_restarted_kubelet_gets_a_new_registration() {
 }
 
 #[tokio::test]
-async fn a_second_plugin_for_the_resource_is_refused() {
+async fn a_successor_takes_the_socket_over_and_the_first_yields() {
     let node = Node::new();
     let mut kubelet = Kubelet::start(&node.plugin_dir());
-    let _first = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
+    let Plugin {
+        task: first,
+        _stop: stop_first,
+        ..
+    } = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
     let registered = kubelet.registered().await;
-
-    // Another agent for the same resource: the first one's socket answers.
-    let second = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
-    let e = ended(second.task).await.unwrap_err();
     let socket = node.plugin_dir().join(&registered.endpoint);
-    assert!(
-        e.to_string().starts_with(&format!(
-            "another device plugin already serves nvidia.com/gpu on this node (socket {}, devices GPU-",
-            socket.display()
-        )),
-        "{e}"
-    );
-    assert!(
-        socket.exists(),
-        "the refused plugin leaves the first one's socket"
-    );
+    let before = fs::metadata(&socket).unwrap().ino();
+
+    // A rollout: the next agent starts while the first one still runs, and registers.
+    let _second = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
+    assert_eq!(kubelet.registered().await, registered);
+    let theirs = fs::metadata(&socket).unwrap().ino();
+    assert_ne!(theirs, before, "the successor serves a socket of its own");
+
+    // The first one yields: many of its polls (20 ms) later it has not taken the socket back,
+    // and it idles until stopped.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(fs::metadata(&socket).unwrap().ino(), theirs);
+    assert!(!first.is_finished(), "the yielding plugin ended before it was stopped");
+    drop(stop_first);
+    ended(first).await.unwrap();
+
+    // Stopped, it leaves the successor's socket and device nodes.
+    let dev = node.layout().dev_dir();
+    for name in ["nvidia0", "nvidia3", "nvidiactl"] {
+        assert!(
+            fs::metadata(dev.join(name)).is_ok_and(|m| m.file_type().is_char_device()),
+            "{name} was removed"
+        );
+    }
+    let mut stream = list_and_watch(&mut dial(&socket).await).await;
+    assert_eq!(next(&mut stream).await.len(), 4);
 }
 
 #[tokio::test]

@@ -1442,6 +1442,16 @@ scenario_chart_install() {
 # with remediation on: the controller sees the slurmd pod predate the new topology (Drifted),
 # deletes the node's Slurm record through slurmrestd and the pod, and the recreated pod's slurmd
 # registers the new GPUs
+chart_logs() {  # what helps when a rollout of the chart fails
+  echo "--- pods:"; kc -n "$CHART_NS" get pods -o wide || true
+  local p c; for p in $(kc -n "$CHART_NS" get pods -o name); do
+    kc -n "$CHART_NS" describe "$p" | sed -n '/^Conditions:/,/^Volumes:/p;/^Events:/,$p' | sed "s|^|  $p: |" | tail -25
+    for c in keeper agent controller; do
+      { kc -n "$CHART_NS" logs "$p" -c "$c" --tail=25 2>/dev/null || true; } | sed "s|^|  $p/$c: |"
+      { kc -n "$CHART_NS" logs "$p" -c "$c" --previous --tail=25 2>/dev/null || true; } | sed "s|^|  $p/$c (before its restart): |"
+    done
+  done
+}
 slurmd_uid() { kc -n "$SLINKY_NS" get pods -l "app.kubernetes.io/name=slurmd" -o jsonpath='{.items[*].metadata.uid}'; }
 slinky_node_gres_is() { [ "$(ctld sinfo -h -N -o '%N %T %G')" = "$NODE idle $1" ]; }
 gn_events() { kc get events -A --field-selector "involvedObject.kind=GpuNode,involvedObject.name=$NODE" -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}'; }
@@ -1468,8 +1478,8 @@ scenario_chart_slinky() {
   # the README's token Secret and profile change; slurmrestd's address in place of its Service's
   guide_sh "kubectl -n mockgpu-system create secret generic slurm-token" > /dev/null || fail "the README's slurm-token Secret"
   t=$(date +%s%N)
-  guide "helm upgrade mockgpu " --set "controller.remediation.slurmrestdUrl=http://$rip:$RESTAPI_PORT" > "$ST/helm-upgrade.txt" 2>&1 \
-    || { cat "$ST/helm-upgrade.txt"; fail "helm upgrade (profile gb200, remediation on)"; }
+  guide "helm upgrade mockgpu " --set "controller.remediation.slurmrestdUrl=http://$rip:$RESTAPI_PORT" --timeout 120s > "$ST/helm-upgrade.txt" 2>&1 \
+    || { cat "$ST/helm-upgrade.txt"; chart_logs; fail "helm upgrade (profile gb200, remediation on)"; }
   timing chart-upgrade "$(ms "$t") ms (helm upgrade --wait)"
   wait_for 60 "GpuNode $NODE with profile gb200" gn_profile_is gb200 || fail "GpuNode profile: $(gn '{.spec.profile}')"
   wait_for 120 "the controller's remediation (SlurmNodeDeleted, PodDeleted)" remediated \

@@ -7,7 +7,8 @@
 //! serve the resource when its socket answers with IDs that the checkpoint registers under the
 //! resource and that are not this node's mock GPUs; a stale checkpoint (the plugin is gone) or
 //! an unrelated plugin (other IDs) is no conflict. A live socket under this plugin's own file
-//! name is another mockgpu agent serving the same resource, checkpoint or not.
+//! name is the mockgpu agent this one replaces (a rollout starts the new agent before the old one
+//! stops): no conflict either; the new agent takes the socket over and the old one yields.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
@@ -81,7 +82,7 @@ pub async fn live_devices(socket: &Path) -> Option<Vec<String>> {
     tokio::time::timeout(ANSWER, ask).await.ok().flatten()
 }
 
-/// Fails when a live plugin other than this one serves `resource` in `dir`; `endpoint` is this
+/// Fails when a live plugin other than mockgpu's serves `resource` in `dir`; `endpoint` is this
 /// plugin's socket file name and `own` its device IDs.
 pub async fn check(
     dir: &Path,
@@ -95,8 +96,8 @@ pub async fn check(
         ids,
     };
     let own_socket = dir.join(endpoint);
-    if let Some(ids) = live_devices(&own_socket).await {
-        return Err(conflict(own_socket, ids));
+    if live_devices(&own_socket).await.is_some() {
+        tracing::info!(socket = %own_socket.display(), %resource, "another mockgpu agent serves the resource here: taking its socket over (it yields)");
     }
     let foreign: BTreeSet<String> = registered_devices(dir, resource)?
         .into_iter()

@@ -638,6 +638,12 @@ pub async fn run<S: Sys + Send + Sync + 'static>(
         };
         let next = registered(&config, &session, &metrics, shutdown.as_mut()).await;
         let _ = session.stop.send(true);
+        if next == Next::Replaced {
+            // the socket and the device nodes are the successor's now: idle until stopped (an
+            // agent that ended here would be restarted and take them back)
+            shutdown.as_mut().await;
+            break Ok(());
+        }
         if next == Next::Shutdown {
             if identity(&socket) == session.identity {
                 let _ = fs::remove_file(&socket);
@@ -662,6 +668,8 @@ enum Next {
     Shutdown,
     /// The kubelet restarted: serve a new socket and register again.
     Restart,
+    /// Another mockgpu agent serves the plugin's socket now (a rollout's successor).
+    Replaced,
 }
 
 /// Registers `session`'s socket with the kubelet (retrying until the kubelet answers), then
@@ -697,9 +705,16 @@ async fn registered(
             _ = shutdown.as_mut() => return Next::Shutdown,
             _ = tokio::time::sleep(config.poll_interval) => {}
         }
-        if identity(&socket) != session.identity {
-            tracing::info!(socket = %socket.display(), "the plugin's socket was removed (the kubelet restarted?): serving it again");
-            return Next::Restart;
+        match identity(&socket) {
+            id if id == session.identity => {}
+            None => {
+                tracing::info!(socket = %socket.display(), "the plugin's socket was removed (the kubelet restarted?): serving it again");
+                return Next::Restart;
+            }
+            Some(_) => {
+                tracing::info!(socket = %socket.display(), "another mockgpu agent took the plugin's socket over (a rollout): this one stops serving it");
+                return Next::Replaced;
+            }
         }
         if kubelet.is_some() && identity(&kubelet_socket) != kubelet {
             tracing::info!(kubelet = %kubelet_socket.display(), "the kubelet's socket was recreated: registering again");
