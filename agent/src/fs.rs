@@ -492,6 +492,35 @@ impl TreeHandle {
         changed
     }
 
+    /// Invalidates what the kernel may cache of `paths`, the tree an earlier agent served on
+    /// this connection (kept by the keeper, with the kernel's caches): every entry's attributes
+    /// and pages, and the names the tree served now lacks. Returns the number of paths.
+    pub fn forget(&self, paths: &[String]) -> usize {
+        let notifier = self.notifier.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(n) = notifier.as_ref() else {
+            return 0;
+        };
+        let snap = self
+            .inner
+            .snapshot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut inodes = self.inner.inodes.lock().unwrap_or_else(|e| e.into_inner());
+        for path in paths.iter().filter(|p| !p.is_empty()) {
+            let ino = inodes.get(path);
+            let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+            let parent = INodeNo(inodes.get(parent));
+            // ENOENT only means the kernel had nothing cached for it.
+            let _ = n.inval_inode(INodeNo(ino), 0, -1);
+            if !snap.nodes.contains_key(&ino) {
+                let _ = n.inval_entry(parent, OsStr::new(name));
+            }
+        }
+        let _ = n.inval_inode(INodeNo::ROOT, 0, -1);
+        paths.len()
+    }
+
     /// How many `read` requests reached the agent (kernel cache misses).
     pub fn reads(&self) -> u64 {
         self.inner.reads.load(Ordering::Relaxed)
@@ -853,6 +882,28 @@ pub fn mount(tree: &Tree, mountpoint: &Path, sysfs: Option<&Path>) -> io::Result
     let config = config();
     let session = fuser::spawn_mount(fs, mountpoint, &config)?;
     Ok(mounted(session, mountpoint, handle, None))
+}
+
+/// Writes the paths of `tree` to `file`, one per line, replacing it whole: what the next agent
+/// on the same connection gives [`TreeHandle::forget`].
+pub fn record_paths(tree: &Tree, file: &Path) -> io::Result<()> {
+    let text: String = tree
+        .iter()
+        .filter(|(path, _)| !path.is_empty())
+        .flat_map(|(path, _)| [path, "\n"])
+        .collect();
+    let tmp = file.with_extension("new");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, file)
+}
+
+/// The paths [`record_paths`] wrote to `file`; none when there is no such file.
+pub fn recorded_paths(file: &Path) -> io::Result<Vec<String>> {
+    match std::fs::read_to_string(file) {
+        Ok(text) => Ok(text.lines().map(str::to_owned).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Serves `tree` on `conn`, a connection to the keeper that holds the mount at `mountpoint`

@@ -414,6 +414,24 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
         path: mountpoint.clone(),
         source,
     })?;
+    if mounted.is_relayed() {
+        // an earlier agent on this connection may have served another tree, which the kernel
+        // still caches (for a day): drop it, then leave word of this one for the next agent
+        let record = cfg.layout.served_paths();
+        match crate::fs::recorded_paths(&record) {
+            Ok(old) => {
+                let forgotten = mounted.handle.forget(&old);
+                tracing::info!(
+                    forgotten,
+                    "the kernel's caches of the tree served before dropped"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(file = %record.display(), error = %e, "cannot read the paths served before; the kernel may keep some of them")
+            }
+        }
+        record_served(&tree, &record);
+    }
     let warmed = mounted.handle.warm(&tree);
     tracing::info!(
         profile = %profile.name, node = %topo.node_name, gpus = topo.gpus.len(),
@@ -532,9 +550,19 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     let (reload_stop, reload_stopped) = mpsc::channel::<()>();
     let reloader = {
         let (state, cfg, handle) = (state.clone(), cfg.clone(), mounted.handle.clone());
+        let record = mounted.is_relayed().then(|| cfg.layout.served_paths());
         std::thread::Builder::new()
             .name("reload".into())
-            .spawn(move || reload_loop(&state, &cfg, &handle, raw, &reload_stopped))
+            .spawn(move || {
+                reload_loop(
+                    &state,
+                    &cfg,
+                    &handle,
+                    record.as_deref(),
+                    raw,
+                    &reload_stopped,
+                );
+            })
             .map_err(|source| ServeError::Install {
                 path: "reload thread".into(),
                 source,
@@ -616,10 +644,20 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
 /// Every `reload_interval` until `stop` is dropped: rebuilds the tree when the profile file or
 /// the host's `/proc/devices` changed (a module loaded since may have taken a major the mock
 /// chose) and swaps it in place. A rejected profile keeps the previous tree.
+/// Leaves the paths of `tree` in `record` for the next agent on the keeper's connection.
+fn record_served(tree: &crate::tree::Tree, record: &Path) {
+    if let Err(e) = crate::fs::record_paths(tree, record) {
+        tracing::warn!(file = %record.display(), error = %e, "cannot record the paths served; the next agent may see stale ones");
+    }
+}
+
+/// Reloads the tree when the profile or `/proc/devices` changes; `record` as [`record_served`]
+/// (relayed connections only).
 fn reload_loop(
     state: &AgentState,
     cfg: &ServeConfig,
     handle: &TreeHandle,
+    record: Option<&Path>,
     mut raw: Vec<u8>,
     stop: &mpsc::Receiver<()>,
 ) {
@@ -652,6 +690,9 @@ fn reload_loop(
         {
             Ok((topo, tree)) => {
                 let changed = handle.replace(&tree);
+                if let Some(record) = record {
+                    record_served(&tree, record);
+                }
                 handle.warm(&tree);
                 state.reloads.fetch_add(1, Ordering::Relaxed);
                 let mut current = state.topology.write().unwrap_or_else(|e| e.into_inner());

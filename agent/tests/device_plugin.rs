@@ -418,7 +418,10 @@ async fn a_successor_takes_the_socket_over_and_the_first_yields() {
     // and it idles until stopped.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(fs::metadata(&socket).unwrap().ino(), theirs);
-    assert!(!first.is_finished(), "the yielding plugin ended before it was stopped");
+    assert!(
+        !first.is_finished(),
+        "the yielding plugin ended before it was stopped"
+    );
     drop(stop_first);
     ended(first).await.unwrap();
 

@@ -57,12 +57,17 @@ impl Setup {
     }
 
     fn agent(&self, n: usize) -> Child {
+        self.agent_with(n, "gb300")
+    }
+
+    /// Agent `n` serving built-in profile `profile`.
+    fn agent_with(&self, n: usize, profile: &str) -> Child {
         self.spawn(
             &format!("agent-{n}"),
             &[
                 "serve".as_ref(),
                 "--profile".as_ref(),
-                "gb300".as_ref(),
+                profile.as_ref(),
                 "--node-name".as_ref(),
                 "node-0".as_ref(),
                 "--listen".as_ref(),
@@ -312,6 +317,63 @@ fn a_killed_keeper_ends_the_agent_and_the_next_agent_mounts_afresh() {
             setup.log("agent-1")
         );
         read_round(&mnt).unwrap();
+        next.kill().unwrap();
+        next.wait().unwrap();
+    })
+}
+
+/// The bus ids listed in `gpus`, sorted, and the models their `information` files name.
+fn listed(mnt: &Path) -> (Vec<String>, Vec<String>) {
+    let gpus = mnt.join("proc/driver/nvidia/gpus");
+    let mut ids: Vec<String> = fs::read_dir(&gpus)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    ids.sort();
+    let models = ids
+        .iter()
+        .map(|id| {
+            let text = fs::read_to_string(gpus.join(id).join("information")).unwrap();
+            text.lines().next().unwrap_or_default().to_string()
+        })
+        .collect();
+    (ids, models)
+}
+
+#[test]
+fn a_successor_with_another_profile_is_seen_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup::new(dir.path());
+    let mnt = setup.mount_point();
+    in_private_namespace(|| {
+        let mut procs = Procs::default();
+        let mut first = setup.first_agent(&mut procs);
+        let (before, models) = listed(&mnt);
+        assert_eq!(before.len(), 4);
+        assert!(models.iter().all(|m| m.contains("GB300")), "{models:?}");
+
+        // The next agent serves h100 through the same keeper; the kernel cached gb300's tree
+        // (for a day) and must not answer from it.
+        first.kill().unwrap();
+        first.wait().unwrap();
+        let mut next = setup.agent_with(1, "h100");
+        procs.0.push(next.id() as i32);
+        setup.wait_ready(1);
+        let (after, models) = listed(&mnt);
+        assert_eq!(after.len(), 8, "{after:?}");
+        assert!(
+            after.iter().all(|id| !before.contains(id)),
+            "{before:?} -> {after:?}"
+        );
+        assert!(models.iter().all(|m| m.contains("H100")), "{models:?}");
+        for id in &before {
+            let gone = mnt.join("proc/driver/nvidia/gpus").join(id);
+            assert!(
+                fs::symlink_metadata(&gone).is_err(),
+                "{} still there",
+                gone.display()
+            );
+        }
         next.kill().unwrap();
         next.wait().unwrap();
     })

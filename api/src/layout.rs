@@ -9,7 +9,8 @@
 //! ├── dev/                      device nodes the device plugin hands to the kubelet
 //! └── ld.so.preload             one line: the shim as containers see it
 //! /run/mockgpu-keeper/          beside it, never bound into containers (mode 0700)
-//! └── keeper.sock               the keeper, which holds the FUSE connection across agent restarts
+//! ├── keeper.sock               the keeper, which holds the FUSE connection across agent restarts
+//! └── served-paths              the paths of the tree last served on that connection
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -107,6 +108,13 @@ impl Layout {
         self.keeper_dir().join("keeper.sock")
     }
 
+    /// The paths of the tree last served through the keeper, one per line
+    /// (`/run/mockgpu-keeper/served-paths`): what the kernel may still cache of it when the next
+    /// agent serves another tree on the same connection.
+    pub fn served_paths(&self) -> PathBuf {
+        self.keeper_dir().join("served-paths")
+    }
+
     /// The `ld.so.preload` file bound onto containers' `/etc/ld.so.preload`.
     pub fn ld_so_preload(&self) -> PathBuf {
         self.host.join("ld.so.preload")
@@ -150,6 +158,10 @@ mod tests {
         assert!(
             !l.keeper_socket().starts_with(l.host_dir()),
             "containers see the host directory"
+        );
+        assert_eq!(
+            l.served_paths(),
+            Path::new("/run/mockgpu-keeper/served-paths")
         );
         assert_eq!(l.ld_so_preload(), Path::new("/run/mockgpu/ld.so.preload"));
         assert_eq!(l.ld_so_preload_content(), "/run/mockgpu/lib/libmockfs.so\n");

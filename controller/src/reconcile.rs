@@ -566,7 +566,10 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::InitDone);
         for w in waiters {
             let woke = tokio::time::timeout(Duration::from_secs(5), w).await;
-            assert!(matches!(woke, Ok(Ok(true))), "a waiter stayed asleep: {woke:?}");
+            assert!(
+                matches!(woke, Ok(Ok(true))),
+                "a waiter stayed asleep: {woke:?}"
+            );
         }
         assert_eq!(store.state().len(), 1);
     }

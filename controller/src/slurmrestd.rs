@@ -159,8 +159,12 @@ impl SlurmNodes for WithSecretToken {
         let fresh = read_token(self.client.clone(), &self.namespace, &self.secret).await;
         match fresh.map(|t| self.rest.set_token(&t)) {
             Ok(Ok(())) => {}
-            Ok(Err(err)) => warn!(%err, "the slurmrestd token read again is unusable; keeping the one before"),
-            Err(err) => warn!(%err, "cannot read the slurmrestd token again; keeping the one before"),
+            Ok(Err(err)) => {
+                warn!(%err, "the slurmrestd token read again is unusable; keeping the one before")
+            }
+            Err(err) => {
+                warn!(%err, "cannot read the slurmrestd token again; keeping the one before")
+            }
         }
         self.rest.delete_node(name).await
     }
@@ -673,7 +677,10 @@ mod tests {
         c.set_token("eyJ.re.newed").unwrap();
         c.delete_node("node0").await.unwrap();
         let tokens = [seen.recv().await.unwrap(), seen.recv().await.unwrap()].map(|s| s.token);
-        assert_eq!(tokens, [Some("eyJ.tok.en".into()), Some("eyJ.re.newed".into())]);
+        assert_eq!(
+            tokens,
+            [Some("eyJ.tok.en".into()), Some("eyJ.re.newed".into())]
+        );
         assert!(matches!(
             c.set_token("eyJ\nsplit"),
             Err(ConfigError::Header { what: "token" })

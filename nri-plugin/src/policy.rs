@@ -232,10 +232,13 @@ pub fn decide(
     inventory: &dyn Inventory,
 ) -> Result<Decision, PolicyError> {
     let claims = claims(pod, container, config);
-    if !claims.untrusted.is_empty() {
+    // (a container granted devices, by a device plugin for one, carries their
+    // NVIDIA_VISIBLE_DEVICES too: only a request that would go without is worth a warning)
+    if !claims.untrusted.is_empty() && claims.granted.is_empty() {
+        let mut by: Vec<&str> = claims.untrusted.iter().map(|c| c.source_kind).collect();
+        by.dedup();
         tracing::warn!(
-            namespace = %pod.namespace, pod = %pod.name, container = %container.name,
-            by = ?claims.untrusted.iter().map(|c| c.source_kind).collect::<Vec<_>>(),
+            namespace = %pod.namespace, pod = %pod.name, container = %container.name, ?by,
             "GPU request ignored: the pod's namespace is not in trusted_namespaces"
         );
     }
