@@ -396,7 +396,7 @@ async fn a_restarted_kubelet_gets_a_new_registration() {
 }
 
 #[tokio::test]
-async fn a_successor_takes_the_socket_over_and_the_first_yields() {
+async fn a_successor_waits_for_the_first_plugin_to_stop() {
     let node = Node::new();
     let mut kubelet = Kubelet::start(&node.plugin_dir());
     let Plugin {
@@ -408,31 +408,34 @@ async fn a_successor_takes_the_socket_over_and_the_first_yields() {
     let socket = node.plugin_dir().join(&registered.endpoint);
     let before = fs::metadata(&socket).unwrap().ino();
 
-    // A rollout: the next agent starts while the first one still runs, and registers.
+    // A rollout: the next agent starts while the first one still serves. It neither registers
+    // (the kubelet refuses a socket path that is connected) nor touches the first one's socket.
     let _second = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
-    assert_eq!(kubelet.registered().await, registered);
-    let theirs = fs::metadata(&socket).unwrap().ino();
-    assert_ne!(theirs, before, "the successor serves a socket of its own");
-
-    // The first one yields: many of its polls (20 ms) later it has not taken the socket back,
-    // and it idles until stopped.
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(fs::metadata(&socket).unwrap().ino(), theirs);
+    let early = tokio::time::timeout(Duration::from_millis(400), kubelet.registered()).await;
     assert!(
-        !first.is_finished(),
-        "the yielding plugin ended before it was stopped"
+        early.is_err(),
+        "the successor registered while the first plugin served"
     );
+    assert_eq!(fs::metadata(&socket).unwrap().ino(), before);
+
+    // The first one stops (removing its socket and device nodes); the successor serves, makes
+    // the nodes again and registers.
     drop(stop_first);
     ended(first).await.unwrap();
-
-    // Stopped, it leaves the successor's socket and device nodes.
+    assert_eq!(kubelet.registered().await, registered);
+    assert_ne!(fs::metadata(&socket).unwrap().ino(), before);
     let dev = node.layout().dev_dir();
-    for name in ["nvidia0", "nvidia3", "nvidiactl"] {
-        assert!(
-            fs::metadata(dev.join(name)).is_ok_and(|m| m.file_type().is_char_device()),
-            "{name} was removed"
-        );
-    }
+    let nodes_back = async {
+        while !["nvidia0", "nvidia3", "nvidiactl"]
+            .iter()
+            .all(|n| dev.join(n).exists())
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(WAIT, nodes_back)
+        .await
+        .expect("the successor's device nodes");
     let mut stream = list_and_watch(&mut dial(&socket).await).await;
     assert_eq!(next(&mut stream).await.len(), 4);
 }

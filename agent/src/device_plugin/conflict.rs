@@ -7,8 +7,8 @@
 //! serve the resource when its socket answers with IDs that the checkpoint registers under the
 //! resource and that are not this node's mock GPUs; a stale checkpoint (the plugin is gone) or
 //! an unrelated plugin (other IDs) is no conflict. A live socket under this plugin's own file
-//! name is the mockgpu agent this one replaces (a rollout starts the new agent before the old one
-//! stops): no conflict either; the new agent takes the socket over and the old one yields.
+//! name is the mockgpu agent this one replaces: no conflict, but [`predecessor_gone`] waits for
+//! it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
@@ -82,6 +82,44 @@ pub async fn live_devices(socket: &Path) -> Option<Vec<String>> {
     tokio::time::timeout(ANSWER, ask).await.ok().flatten()
 }
 
+/// Waits until nothing answers on `socket`, this plugin's own (polling every `poll`): a rollout
+/// starts the new agent before the old one stops, and the kubelet refuses a second
+/// registration of one socket path while the first is connected. The old agent removes its
+/// socket and device nodes when it stops, so the new one serves only after that. False when
+/// `shutdown` came first.
+pub async fn predecessor_gone(
+    socket: &Path,
+    poll: Duration,
+    mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> bool {
+    if live_devices(socket).await.is_none() {
+        return true;
+    }
+    tracing::info!(socket = %socket.display(), "another mockgpu agent serves the device plugin here (the one this agent replaces): waiting for it to stop");
+    loop {
+        tokio::select! {
+            () = shutdown.as_mut() => return false,
+            () = tokio::time::sleep(poll) => {}
+        }
+        if live_devices(socket).await.is_none() {
+            break;
+        }
+    }
+    // it removes its socket right after it stops answering, and the kubelet forgets a plugin
+    // when its socket goes; one that was killed leaves the file, which serving replaces
+    for _ in 0..3 {
+        if !socket.exists() {
+            break;
+        }
+        tokio::select! {
+            () = shutdown.as_mut() => return false,
+            () = tokio::time::sleep(poll) => {}
+        }
+    }
+    tracing::info!("the previous agent's device plugin stopped: serving it here");
+    true
+}
+
 /// Fails when a live plugin other than mockgpu's serves `resource` in `dir`; `endpoint` is this
 /// plugin's socket file name and `own` its device IDs.
 pub async fn check(
@@ -95,10 +133,6 @@ pub async fn check(
         socket,
         ids,
     };
-    let own_socket = dir.join(endpoint);
-    if live_devices(&own_socket).await.is_some() {
-        tracing::info!(socket = %own_socket.display(), %resource, "another mockgpu agent serves the resource here: taking its socket over (it yields)");
-    }
     let foreign: BTreeSet<String> = registered_devices(dir, resource)?
         .into_iter()
         .filter(|id| !own.contains(id))

@@ -604,6 +604,9 @@ pub async fn run<S: Sys + Send + Sync + 'static>(
     };
     let dir = config.plugin_dir();
     let socket = dir.join(config.endpoint());
+    if !conflict::predecessor_gone(&socket, config.poll_interval, shutdown.as_mut()).await {
+        return Ok(());
+    }
     conflict::check(
         &dir,
         &config.resource_name,
@@ -637,25 +640,21 @@ pub async fn run<S: Sys + Send + Sync + 'static>(
             Err(e) => break Err(e),
         };
         let next = registered(&config, &session, &metrics, shutdown.as_mut()).await;
-        let _ = session.stop.send(true);
-        if next == Next::Replaced {
-            // the socket and the device nodes are the successor's now: idle until stopped (an
-            // agent that ended here would be restarted and take them back)
-            shutdown.as_mut().await;
-            break Ok(());
-        }
         if next == Next::Shutdown {
-            if identity(&socket) == session.identity {
-                let _ = fs::remove_file(&socket);
-            }
-            // a successor makes them again; an uninstalled agent leaves none behind
+            // a successor makes them again; an uninstalled agent leaves none behind. Removed
+            // while the socket still answers: a successor waits for it to stop answering
             let current = shared.topology.borrow().clone();
             if let Some(topo) = current {
                 let removed = nodes::remove(&config.dev_dir, &nodes::nodes(&topo));
                 tracing::info!(removed, dir = %config.dev_dir.display(), "device nodes removed");
             }
+            let _ = session.stop.send(true);
+            if identity(&socket) == session.identity {
+                let _ = fs::remove_file(&socket);
+            }
             break Ok(());
         }
+        let _ = session.stop.send(true);
     };
     follower.abort();
     result
@@ -668,8 +667,6 @@ enum Next {
     Shutdown,
     /// The kubelet restarted: serve a new socket and register again.
     Restart,
-    /// Another mockgpu agent serves the plugin's socket now (a rollout's successor).
-    Replaced,
 }
 
 /// Registers `session`'s socket with the kubelet (retrying until the kubelet answers), then
@@ -705,16 +702,9 @@ async fn registered(
             _ = shutdown.as_mut() => return Next::Shutdown,
             _ = tokio::time::sleep(config.poll_interval) => {}
         }
-        match identity(&socket) {
-            id if id == session.identity => {}
-            None => {
-                tracing::info!(socket = %socket.display(), "the plugin's socket was removed (the kubelet restarted?): serving it again");
-                return Next::Restart;
-            }
-            Some(_) => {
-                tracing::info!(socket = %socket.display(), "another mockgpu agent took the plugin's socket over (a rollout): this one stops serving it");
-                return Next::Replaced;
-            }
+        if identity(&socket) != session.identity {
+            tracing::info!(socket = %socket.display(), "the plugin's socket was removed (the kubelet restarted?): serving it again");
+            return Next::Restart;
         }
         if kubelet.is_some() && identity(&kubelet_socket) != kubelet {
             tracing::info!(kubelet = %kubelet_socket.display(), "the kubelet's socket was recreated: registering again");
