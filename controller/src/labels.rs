@@ -1,10 +1,12 @@
 //! The node labels that follow a GpuNode, and who owns them (server-side apply's managed fields).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use mockgpu_api::Mode;
 use mockgpu_api::gpunode::CONTROLLER_MANAGER;
-use mockgpu_api::{GpuNode, Mode};
+
+use crate::slim::{SlimGpuNode, SlimNode};
 
 /// The node's mockgpu profile (`real` on a node with a real driver).
 pub const PROFILE: &str = "mockgpu.io/profile";
@@ -18,48 +20,138 @@ pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
 /// node-feature-discovery where it runs.
 pub const PCI_NVIDIA: &str = "feature.node.kubernetes.io/pci-10de.present";
 
+/// The labels we may set, in a fixed order (the bits of [`NodeLabels`]' masks).
+pub const KEYS: [&str; 5] = [PROFILE, GPU_PRESENT, GPU_COUNT, GPU_PRODUCT, PCI_NVIDIA];
+
+fn bit(key: &str) -> Option<u8> {
+    KEYS.iter().position(|k| *k == key).map(|i| 1 << i)
+}
+
+/// What labelling decides on of a Node: the current values of the labels we may set ([`KEYS`]),
+/// as digests (all that telling whether they are in place needs), the label keys our field
+/// manager owns through server-side apply, and which of [`KEYS`] another manager owns (its
+/// managed fields, reduced to their label keys).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeLabels {
+    /// [`digest`]s of the values of [`KEYS`], where set.
+    values: [Option<u64>; KEYS.len()],
+    /// [`KEYS`] our applies own, as bits.
+    ours: u8,
+    /// Other label keys our applies own (an older release's), sorted.
+    ours_other: Vec<String>,
+    /// [`KEYS`] another manager owns, as bits.
+    others: u8,
+}
+
+impl NodeLabels {
+    /// Takes note of label `key`'s value (kept if it is one of [`KEYS`]).
+    pub fn observe_label(&mut self, key: &str, value: &str) {
+        if let Some(i) = KEYS.iter().position(|k| *k == key) {
+            self.values[i] = Some(digest(value));
+        }
+    }
+
+    /// Takes note of a managed-fields entry of `manager` and `operation` owning label `key`:
+    /// ours through `Apply`, or another manager's (our own `Update`s are neither).
+    pub fn observe_owner(&mut self, manager: Option<&str>, operation: Option<&str>, key: &str) {
+        if manager == Some(CONTROLLER_MANAGER) {
+            if operation != Some("Apply") {
+                return;
+            }
+            match bit(key) {
+                Some(b) => self.ours |= b,
+                None => {
+                    if let Err(i) = self.ours_other.binary_search_by(|k| k.as_str().cmp(key)) {
+                        self.ours_other.insert(i, key.to_string());
+                    }
+                }
+            }
+        } else if let Some(b) = bit(key) {
+            self.others |= b;
+        }
+    }
+
+    /// Whether label `key`, one of [`KEYS`], is set to `value`.
+    pub fn has(&self, key: &str, value: &str) -> bool {
+        KEYS.iter()
+            .position(|k| *k == key)
+            .is_some_and(|i| self.values[i] == Some(digest(value)))
+    }
+
+    /// Whether label `key` is set (if it is one of [`KEYS`]).
+    #[cfg(test)]
+    pub fn is_set(&self, key: &str) -> bool {
+        KEYS.iter()
+            .position(|k| *k == key)
+            .is_some_and(|i| self.values[i].is_some())
+    }
+
+    /// The label keys our field manager owns through apply.
+    pub fn ours(&self) -> impl Iterator<Item = &str> {
+        KEYS.iter()
+            .enumerate()
+            .filter(|(i, _)| self.ours & (1 << i) != 0)
+            .map(|(_, k)| *k)
+            .chain(self.ours_other.iter().map(String::as_str))
+    }
+
+    /// Whether a field manager other than ours owns label `key` (one of [`KEYS`]).
+    pub fn owned_by_another(&self, key: &str) -> bool {
+        bit(key).is_some_and(|b| self.others & b != 0)
+    }
+
+    /// Whether our field manager owns exactly the label keys `keys`.
+    fn ours_are<'a>(&self, keys: impl Iterator<Item = &'a String>) -> bool {
+        let mut mask = 0;
+        for k in keys {
+            match bit(k) {
+                Some(b) => mask |= b,
+                None => return false,
+            }
+        }
+        self.ours_other.is_empty() && mask == self.ours
+    }
+}
+
 /// The labels a node with GpuNode `g` should carry from us. A real-mode node gets only the
 /// profile: the NVIDIA GPU stack labels real GPUs itself.
-pub fn wanted(g: &GpuNode, node: &ObjectMeta) -> BTreeMap<String, String> {
+pub fn wanted(g: &SlimGpuNode, node: &NodeLabels) -> BTreeMap<String, String> {
     let mut out = BTreeMap::from([(PROFILE.to_string(), label_value(&g.spec.profile))]);
     if g.spec.mode == Mode::Real {
         return out;
     }
     out.insert(GPU_COUNT.into(), g.spec.gpu_count.to_string());
-    if let Some(gpu) = g.spec.gpus.first() {
+    if let Some(model) = &g.spec.model {
         out.insert(GPU_PRESENT.into(), "true".into());
-        out.insert(GPU_PRODUCT.into(), label_value(&gpu.model));
-        if !owned_by_another(node, PCI_NVIDIA) {
+        out.insert(GPU_PRODUCT.into(), label_value(model));
+        if !node.owned_by_another(PCI_NVIDIA) {
             out.insert(PCI_NVIDIA.into(), "true".into());
         }
     }
     out
 }
 
-/// What to apply to a node: `None` leaves it alone (nothing to change, or no GpuNode and no label
-/// of ours), `Some(set)` applies `set` (empty: removes ours) with our field manager.
+/// What to apply to a node: `None` leaves it alone (our labels are in place with exactly the
+/// wanted values and keys, or there is no GpuNode and no label of ours), `Some(set)` applies
+/// `set` (empty: removes ours) with our field manager.
 pub fn to_apply(
     wanted: Option<BTreeMap<String, String>>,
-    node: &ObjectMeta,
+    node: &NodeLabels,
 ) -> Option<BTreeMap<String, String>> {
-    let owned = owned_labels(node, CONTROLLER_MANAGER);
     let want = match wanted {
         Some(w) => w,
-        None if owned.is_empty() => return None,
+        None if node.ours().next().is_none() => return None,
         None => BTreeMap::new(),
     };
-    let current = node.labels.as_ref();
-    let in_place = want
-        .iter()
-        .all(|(k, v)| current.and_then(|l| l.get(k)) == Some(v));
-    let same_keys = owned.len() == want.len() && want.keys().all(|k| owned.contains(k));
-    (!(in_place && same_keys)).then_some(want)
+    let in_place = want.iter().all(|(k, v)| node.has(k, v));
+    (!(in_place && node.ours_are(want.keys()))).then_some(want)
 }
 
 /// Applies `labels` to node `name` with our field manager (server-side apply, forced): the set
-/// replaces what we owned, so an empty set removes our labels and nothing else.
+/// replaces what we owned, so an empty set removes our labels and nothing else. The answer comes
+/// back as metadata only.
 pub async fn apply(
-    nodes: &kube::Api<k8s_openapi::api::core::v1::Node>,
+    nodes: &kube::Api<SlimNode>,
     name: &str,
     labels: &BTreeMap<String, String>,
 ) -> Result<(), kube::Error> {
@@ -73,6 +165,13 @@ pub async fn apply(
         .patch(name, &params, &kube::api::Patch::Apply(&patch))
         .await?;
     Ok(())
+}
+
+/// A label value's digest (only compared within one process).
+fn digest(value: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
 }
 
 /// A label value from free text: characters other than letters, digits, `-`, `_`, `.` become
@@ -94,54 +193,9 @@ pub fn label_value(text: &str) -> String {
         .to_string()
 }
 
-/// The label keys that `manager` owns through server-side apply.
-fn owned_labels(node: &ObjectMeta, manager: &str) -> BTreeSet<String> {
-    node.managed_fields
-        .iter()
-        .flatten()
-        .filter(|m| {
-            m.manager.as_deref() == Some(manager) && m.operation.as_deref() == Some("Apply")
-        })
-        .flat_map(|m| label_fields(m.fields_v1.as_ref().map(|f| &f.0)))
-        .collect()
-}
-
-/// Whether a field manager other than ours owns label `key`.
-fn owned_by_another(node: &ObjectMeta, key: &str) -> bool {
-    node.managed_fields
-        .iter()
-        .flatten()
-        .filter(|m| m.manager.as_deref() != Some(CONTROLLER_MANAGER))
-        .any(|m| label_fields(m.fields_v1.as_ref().map(|f| &f.0)).any(|k| k == key))
-}
-
-/// The label keys in a managed-fields set (`{"f:metadata": {"f:labels": {"f:<key>": {}}}}`).
-fn label_fields(fields: Option<&serde_json::Value>) -> impl Iterator<Item = String> + '_ {
-    fields
-        .and_then(|f| f.get("f:metadata")?.get("f:labels")?.as_object())
-        .into_iter()
-        .flat_map(|labels| labels.keys())
-        .filter_map(|k| k.strip_prefix("f:").map(String::from))
-}
-
 #[cfg(test)]
-pub(crate) mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
-    use serde_json::json;
-
+mod tests {
     use super::*;
-
-    /// A managed-fields entry of `manager` owning label `keys`.
-    pub(crate) fn owner(manager: &str, operation: &str, keys: &[&str]) -> ManagedFieldsEntry {
-        let labels: serde_json::Map<_, _> =
-            keys.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
-        ManagedFieldsEntry {
-            manager: Some(manager.into()),
-            operation: Some(operation.into()),
-            fields_v1: Some(FieldsV1(json!({"f:metadata": {"f:labels": labels}}))),
-            ..Default::default()
-        }
-    }
 
     #[test]
     fn label_values_are_valid() {
@@ -156,19 +210,109 @@ pub(crate) mod tests {
 
     #[test]
     fn only_our_apply_entries_count_as_ours() {
-        let node = ObjectMeta {
-            managed_fields: Some(vec![
-                owner(CONTROLLER_MANAGER, "Apply", &[PROFILE]),
-                owner(CONTROLLER_MANAGER, "Update", &[GPU_COUNT]),
-                owner("kubelet", "Update", &["kubernetes.io/hostname"]),
-            ]),
-            ..Default::default()
+        let mut n = NodeLabels::default();
+        n.observe_owner(Some(CONTROLLER_MANAGER), Some("Apply"), PROFILE);
+        n.observe_owner(Some(CONTROLLER_MANAGER), Some("Update"), GPU_COUNT);
+        n.observe_owner(Some("kubelet"), Some("Update"), PCI_NVIDIA);
+        n.observe_owner(None, None, GPU_PRODUCT);
+        assert_eq!(n.ours().collect::<Vec<_>>(), [PROFILE]);
+        assert!(n.owned_by_another(PCI_NVIDIA) && n.owned_by_another(GPU_PRODUCT));
+        assert!(!n.owned_by_another(PROFILE) && !n.owned_by_another(GPU_COUNT));
+        // label values: only ours are kept
+        n.observe_label(PROFILE, "gb300");
+        n.observe_label("kubernetes.io/hostname", "node-a");
+        assert!(n.has(PROFILE, "gb300") && !n.has(PROFILE, "gb200"));
+        assert!(!n.is_set("kubernetes.io/hostname") && !n.is_set(GPU_COUNT));
+    }
+
+    /// A node carrying `labels` (key, value), of which we own `ours` through apply.
+    fn node(labels: &[(&str, &str)], ours: &[&str]) -> NodeLabels {
+        let mut n = NodeLabels::default();
+        for (k, v) in labels {
+            n.observe_label(k, v);
+        }
+        for k in ours {
+            n.observe_owner(Some(CONTROLLER_MANAGER), Some("Apply"), k);
+        }
+        n
+    }
+
+    fn set(labels: &[(&str, &str)]) -> BTreeMap<String, String> {
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// A case of [`to_apply`]: the labels wanted (`None`: no GpuNode), the node's labels and
+    /// those of them we own, and whether anything is applied.
+    struct Case<'a> {
+        what: &'a str,
+        wanted: Option<&'a [(&'a str, &'a str)]>,
+        labels: &'a [(&'a str, &'a str)],
+        ours: &'a [&'a str],
+        write: bool,
+    }
+
+    /// A node whose labels are already what we want is not written; anything else is.
+    #[test]
+    fn only_a_change_is_applied() {
+        let want = &[(PROFILE, "gb300"), (GPU_COUNT, "4")][..];
+        let both = &[PROFILE, GPU_COUNT][..];
+        let case = |what, wanted, labels, ours, write| Case {
+            what,
+            wanted,
+            labels,
+            ours,
+            write,
         };
-        assert_eq!(
-            owned_labels(&node, CONTROLLER_MANAGER),
-            BTreeSet::from([PROFILE.to_string()])
-        );
-        assert!(owned_by_another(&node, "kubernetes.io/hostname"));
-        assert!(!owned_by_another(&node, PROFILE));
+        let cases = [
+            case("in place, owned", Some(want), want, both, false),
+            case(
+                "in place, not owned by us",
+                Some(want),
+                want,
+                &[PROFILE],
+                true,
+            ),
+            case(
+                "a value differs",
+                Some(want),
+                &[(PROFILE, "h100"), (GPU_COUNT, "4")],
+                both,
+                true,
+            ),
+            case(
+                "a label is missing",
+                Some(want),
+                &[(PROFILE, "gb300")],
+                both,
+                true,
+            ),
+            case(
+                "we own one more",
+                Some(want),
+                want,
+                &[PROFILE, GPU_COUNT, GPU_PRODUCT],
+                true,
+            ),
+            case(
+                "we own an old release's label",
+                Some(want),
+                want,
+                &[PROFILE, GPU_COUNT, "old.mockgpu.io/x"],
+                true,
+            ),
+            case("no GpuNode, ours present", None, want, both, true),
+            case("no GpuNode, nothing of ours", None, want, &[], false),
+            case("no GpuNode, already cleaned", None, &[], &[], false),
+        ];
+        for c in &cases {
+            let got = to_apply(c.wanted.map(set), &node(c.labels, c.ours));
+            assert_eq!(got.is_some(), c.write, "{}: {got:?}", c.what);
+            if let Some(got) = got {
+                assert_eq!(got, c.wanted.map(set).unwrap_or_default(), "{}", c.what);
+            }
+        }
     }
 }

@@ -9,5 +9,6 @@ pub mod metrics;
 pub mod plan;
 pub mod reconcile;
 pub mod run;
+pub mod slim;
 pub mod slurm;
 pub mod slurmrestd;

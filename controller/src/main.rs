@@ -111,9 +111,17 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Crd => print!("{}", mockgpu_controller::crd::yaml()?),
-        Command::Run(args) => tokio::runtime::Runtime::new()
-            .context("cannot start the async runtime")?
-            .block_on(run_controller(*args))?,
+        Command::Run(args) => {
+            fixed_mmap_threshold();
+            // two workers, however many CPUs the node has: the controller waits on the API
+            // server mostly, and each worker adds a malloc arena and a stack to its memory
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?
+                .block_on(run_controller(*args))?
+        }
         Command::Cleanup(a) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -136,6 +144,19 @@ fn main() -> anyhow::Result<()> {
             .block_on(slurm_delete_node(a))?,
     }
     Ok(())
+}
+
+/// Keeps glibc's malloc from raising its mmap threshold. By default a freed mmapped block raises
+/// it to that block's size (up to 32 MiB): after the first lists' response buffers (megabytes
+/// each) every later buffer that size comes from the heap instead, and the holes it leaves behind
+/// keep the resident memory up long after (a resync of 5,000 GpuNodes: ~8 MB). At the default's
+/// starting value, fixed, big buffers stay mmapped and go back to the system when freed.
+fn fixed_mmap_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets a tunable of the allocator; no other thread runs yet.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
 }
 
 /// A client from `kubeconfig`, else the in-cluster service account or the default kubeconfig.

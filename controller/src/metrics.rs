@@ -19,14 +19,28 @@ pub struct ActionLabels {
     pub result: &'static str,
 }
 
+/// Labels of the API-writes counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// `node_labels`, `gpunode_conditions` or `event`.
+    pub kind: &'static str,
+}
+
+/// (GPUs, held GPUs) of each GpuNode seen by the leader, and their sums.
+#[derive(Default)]
+struct Fleet {
+    nodes: HashMap<String, (u32, u32)>,
+    gpus: i64,
+    held: i64,
+}
+
 /// The controller's metrics; clones share them.
 #[derive(Clone)]
 pub struct Metrics {
     nodes: Gauge,
     gpus: Gauge,
     held: Gauge,
-    /// (GPUs, held GPUs) of each GpuNode seen by the leader.
-    fleet: Arc<Mutex<HashMap<String, (u32, u32)>>>,
+    fleet: Arc<Mutex<Fleet>>,
     /// 1 while this replica leads.
     pub leader: Gauge,
     /// GpuNodes that became Drifted.
@@ -35,6 +49,8 @@ pub struct Metrics {
     pub remediation: Family<ActionLabels, Counter>,
     /// Reconcile latency.
     pub reconcile_seconds: Histogram,
+    /// Writes to the API server, by kind (none while the cluster is as the controller wants it).
+    pub writes: Family<WriteLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -49,6 +65,7 @@ impl Default for Metrics {
             remediation: Family::default(),
             // 0.5 ms .. ~16 s
             reconcile_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            writes: Family::default(),
         }
     }
 }
@@ -88,35 +105,45 @@ impl Metrics {
             "Time to reconcile one GpuNode",
             self.reconcile_seconds.clone(),
         );
+        r.register(
+            "api_writes",
+            "Writes to the API server (node labels, GpuNode conditions, events)",
+            self.writes.clone(),
+        );
+    }
+
+    /// Counts one write of `kind`.
+    pub fn wrote(&self, kind: &'static str) {
+        self.writes.get_or_create(&WriteLabels { kind }).inc();
     }
 
     /// Records GpuNode `name` with its GPU counts (`None`: it is gone).
     pub fn node(&self, name: &str, counts: Option<(u32, u32)>) {
         let mut fleet = self.fleet.lock().unwrap_or_else(|p| p.into_inner());
-        match counts {
-            Some(c) => {
-                fleet.insert(name.to_string(), c);
-            }
-            None => {
-                fleet.remove(name);
-            }
-        }
+        let old = match counts {
+            Some(c) if fleet.nodes.get(name) == Some(&c) => return,
+            Some(c) => fleet.nodes.insert(name.to_string(), c),
+            None => fleet.nodes.remove(name),
+        };
+        let (new_gpus, new_held) = counts.unwrap_or_default();
+        let (old_gpus, old_held) = old.unwrap_or_default();
+        fleet.gpus += i64::from(new_gpus) - i64::from(old_gpus);
+        fleet.held += i64::from(new_held) - i64::from(old_held);
         self.publish(&fleet);
     }
 
     /// Forgets every GpuNode (this replica stopped leading).
     pub fn clear(&self) {
         let mut fleet = self.fleet.lock().unwrap_or_else(|p| p.into_inner());
-        fleet.clear();
+        *fleet = Fleet::default();
         self.publish(&fleet);
     }
 
-    fn publish(&self, fleet: &HashMap<String, (u32, u32)>) {
-        let sum = |f: fn(&(u32, u32)) -> u32| fleet.values().map(|c| i64::from(f(c))).sum::<i64>();
+    fn publish(&self, fleet: &Fleet) {
         self.nodes
-            .set(i64::try_from(fleet.len()).unwrap_or(i64::MAX));
-        self.gpus.set(sum(|c| c.0));
-        self.held.set(sum(|c| c.1));
+            .set(i64::try_from(fleet.nodes.len()).unwrap_or(i64::MAX));
+        self.gpus.set(fleet.gpus);
+        self.held.set(fleet.held);
     }
 }
 
@@ -138,7 +165,16 @@ mod tests {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
         assert!(out.contains("mockgpu_controller_gpus 4"), "{out}");
+        m.node("c", None);
+        assert_eq!((m.nodes.get(), m.gpus.get(), m.held.get()), (1, 4, 3));
+        m.wrote("event");
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        assert!(
+            out.contains("mockgpu_controller_api_writes_total{kind=\"event\"} 1"),
+            "{out}"
+        );
         m.clear();
-        assert_eq!(m.nodes.get(), 0);
+        assert_eq!((m.nodes.get(), m.gpus.get(), m.held.get()), (0, 0, 0));
     }
 }

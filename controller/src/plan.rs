@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use mockgpu_api::Mode;
 use mockgpu_api::gpunode::condition;
-use mockgpu_api::{GpuNode, Mode};
 
-use crate::labels;
+use crate::labels::{self, NodeLabels};
+use crate::slim::{SeenCondition, SlimGpuNode};
 
 /// What the decision depends on besides the objects.
 #[derive(Debug, Clone)]
@@ -29,9 +30,9 @@ pub struct Settings {
 #[derive(Debug, Clone)]
 pub struct Input<'a> {
     /// The GpuNode; `None` when it is gone (only our labels are removed then).
-    pub gpunode: Option<&'a GpuNode>,
-    /// The node's metadata; `None` when the Node is gone.
-    pub node: Option<&'a ObjectMeta>,
+    pub gpunode: Option<&'a SlimGpuNode>,
+    /// The node's labels of ours and who owns them; `None` when the Node is gone.
+    pub node: Option<&'a NodeLabels>,
     /// The slurmd pods on the node.
     pub slurmd_pods: &'a [&'a Pod],
     /// The pods on the node (those requesting GPUs are looked at).
@@ -143,7 +144,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
     for mut c in wanted {
         let old = current.iter().find(|o| o.type_ == c.type_);
         match old {
-            Some(o) if o.status == c.status => {
+            Some(o) if o.status == Some(c.status.as_str()) => {
                 c.last_transition_time = o.last_transition_time.clone()
             }
             _ if c.status == "True" => p.notices.push(Notice {
@@ -152,10 +153,8 @@ pub fn plan(input: &Input<'_>) -> Plan {
             }),
             _ => {}
         }
-        changed |= old.is_none_or(|o| {
-            (&o.status, &o.reason, &o.message, o.observed_generation)
-                != (&c.status, &c.reason, &c.message, c.observed_generation)
-        });
+        // all but the transition time (kept above while the status holds)
+        changed |= old.is_none_or(|o| o.digest != SeenCondition::digest(&c));
         next.push(c);
     }
     if changed {
@@ -175,7 +174,7 @@ fn notice_reason(kind: &str) -> &'static str {
 
 /// The decision's view of one GpuNode.
 struct Ctx<'a> {
-    g: &'a GpuNode,
+    g: &'a SlimGpuNode,
     input: &'a Input<'a>,
 }
 
@@ -441,11 +440,13 @@ mod tests {
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use mockgpu_api::gpunode::CONTROLLER_MANAGER;
-    use mockgpu_api::{GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning};
+    use mockgpu_api::{GpuNode, GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning};
 
     use super::*;
-    use crate::labels::tests::owner;
     use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, PCI_NVIDIA, PROFILE};
+    use crate::slim::SlimNode;
+    // node(owners, labels): node-a, with managed-fields entries of (manager, operation, keys)
+    use crate::slim::tests::{node_json as node, slim};
 
     /// Seconds after an arbitrary origin.
     fn t(secs: i64) -> Timestamp {
@@ -491,25 +492,8 @@ mod tests {
         g
     }
 
-    fn node(
-        owners: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry>,
-        labels: &[(&str, &str)],
-    ) -> ObjectMeta {
-        ObjectMeta {
-            name: Some("node-a".into()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            managed_fields: Some(owners),
-            ..Default::default()
-        }
-    }
-
     /// The node as we leave it: our labels in place, owned by us.
-    fn labelled_node() -> ObjectMeta {
+    fn labelled_node() -> SlimNode {
         let ours = [
             (PROFILE, "gb300"),
             (GPU_PRESENT, "true"),
@@ -518,7 +502,7 @@ mod tests {
             (PCI_NVIDIA, "true"),
         ];
         let keys: Vec<&str> = ours.iter().map(|(k, _)| *k).collect();
-        node(vec![owner(CONTROLLER_MANAGER, "Apply", &keys)], &ours)
+        node(&[(CONTROLLER_MANAGER, "Apply", &keys)], &ours)
     }
 
     /// A running pod `name` whose container `c` started at `started`, asking for `gpus` GPUs.
@@ -528,7 +512,7 @@ mod tests {
             ..Default::default()
         });
         Pod {
-            metadata: ObjectMeta {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("slurm".into()),
                 uid: Some(format!("uid-{name}")),
@@ -574,7 +558,7 @@ mod tests {
 
     struct Case<'a> {
         gpunode: Option<&'a GpuNode>,
-        node: Option<&'a ObjectMeta>,
+        node: Option<&'a SlimNode>,
         slurmd: Vec<&'a Pod>,
         pods: Vec<&'a Pod>,
         now: i64,
@@ -583,8 +567,8 @@ mod tests {
 
     fn run(c: &Case<'_>) -> Plan {
         plan(&Input {
-            gpunode: c.gpunode,
-            node: c.node,
+            gpunode: c.gpunode.map(slim).as_ref(),
+            node: c.node.map(|n| &n.labels),
             slurmd_pods: &c.slurmd,
             pods: &c.pods,
             now: t(c.now),
@@ -592,7 +576,7 @@ mod tests {
         })
     }
 
-    fn case<'a>(g: Option<&'a GpuNode>, n: Option<&'a ObjectMeta>) -> Case<'a> {
+    fn case<'a>(g: Option<&'a GpuNode>, n: Option<&'a SlimNode>) -> Case<'a> {
         Case {
             gpunode: g,
             node: n,
@@ -637,7 +621,7 @@ mod tests {
     fn a_new_node_gets_the_labels_and_healthy_conditions() {
         let g = gpunode(0, -500);
         let n = node(
-            vec![owner("kubelet", "Update", &["kubernetes.io/hostname"])],
+            &[("kubelet", "Update", &["kubernetes.io/hostname"])],
             &[("kubernetes.io/hostname", "node-a")],
         );
         let p = run(&case(Some(&g), Some(&n)));
@@ -819,7 +803,7 @@ mod tests {
     fn nfd_owning_the_pci_label_keeps_it_out_of_ours() {
         let g = gpunode(0, -500);
         let n = node(
-            vec![owner("nfd-master", "Update", &[PCI_NVIDIA])],
+            &[("nfd-master", "Update", &[PCI_NVIDIA])],
             &[(PCI_NVIDIA, "true")],
         );
         let p = run(&case(Some(&g), Some(&n)));
@@ -847,13 +831,10 @@ mod tests {
         g.metadata.deletion_timestamp = Some(Time(t(1)));
         assert_eq!(run(&case(Some(&g), Some(&n))).labels, Some(BTreeMap::new()));
         // a node without a GpuNode and without our labels is never touched
-        let other = node(
-            vec![owner("kubectl", "Apply", &[PROFILE])],
-            &[(PROFILE, "mine")],
-        );
+        let other = node(&[("kubectl", "Apply", &[PROFILE])], &[(PROFILE, "mine")]);
         assert_eq!(run(&case(None, Some(&other))), Plan::default());
         // nor one we already cleaned
-        let cleaned = node(vec![], &[]);
+        let cleaned = node(&[], &[]);
         assert_eq!(run(&case(None, Some(&cleaned))), Plan::default());
     }
 

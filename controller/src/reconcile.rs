@@ -1,35 +1,38 @@
-//! The executor: two kube-runtime controllers that look up what [`plan`] needs in their caches,
-//! carry out its [`Plan`] against the API server (and Slurm), and record an Event per action.
+//! The executor: two controllers that look up what [`plan`] needs in their caches, carry out its
+//! [`Plan`] against the API server (and Slurm), and record an Event per action. Nothing is written
+//! that is already in place: a (re)start on a cluster as the plan wants it writes nothing.
 //!
-//! - On GpuNodes (also triggered by their Nodes, slurmd pods and GPU pods): labels, conditions,
-//!   remediation.
-//! - On Nodes (also triggered by GpuNodes, deletions included): a node whose GpuNode is gone
-//!   loses our labels. There is no finalizer: deleting a GpuNode never waits for the controller,
-//!   and a node whose GpuNode went while no controller ran is cleaned when one starts (the Node
-//!   cache's first list reconciles every node).
+//! - On GpuNodes (kube-runtime's `Controller`, also triggered by their Nodes, slurmd pods and GPU
+//!   pods): labels, conditions, remediation.
+//! - The sweep, on Nodes (triggered by GpuNodes' deletions, and by Nodes that carry our labels
+//!   without a GpuNode): a node whose GpuNode is gone loses our labels. There is no finalizer:
+//!   deleting a GpuNode never waits for the controller, and a node whose GpuNode went while no
+//!   controller ran is cleaned when one starts (once both caches have had their first list).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::channel::{mpsc, oneshot};
 use futures::future::{BoxFuture, Shared};
-use futures::{FutureExt, Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, PartialObjectMeta, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::{Action, Error as ControllerError};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::{self, Action, Error as ControllerError};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use mockgpu_api::GpuNode;
 use mockgpu_api::gpunode::{CONTROLLER_MANAGER, condition};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::labels;
+use crate::labels::NodeLabels;
 use crate::metrics::{ActionLabels, Metrics};
 use crate::plan::{self, Input, Plan, Settings, requests_resource};
+use crate::slim::{NodeCache, SlimGpuNode, SlimNode};
 use crate::slurm::{NodeDeleted, SlurmNodes};
 
 /// A failed reconcile (retried after [`RETRY`]).
@@ -59,6 +62,22 @@ pub enum ReconcileError {
 /// Retry delay after a failed reconcile.
 const RETRY: Duration = Duration::from_secs(5);
 
+/// Reconciles in flight at once, per controller. kube-runtime polls every reconcile in flight
+/// whenever one of them wakes, and spawns a task for each: unbounded, a resync would start one per
+/// GpuNode at once, at O(n²) polls and a task's memory per GpuNode.
+const CONCURRENCY: u16 = 16;
+
+/// Triggers of one object within this long of each other make one reconcile, after the last.
+/// A write's own echoes (the Node's labels, then the GpuNode's conditions, seconds apart under
+/// load) then meet caches that hold both, instead of one of them writing again from a stale one.
+const DEBOUNCE: Duration = Duration::from_secs(1);
+
+fn controller_config() -> controller::Config {
+    controller::Config::default()
+        .concurrency(CONCURRENCY)
+        .debounce(DEBOUNCE)
+}
+
 /// What both controllers share.
 pub struct Context<S> {
     client: Client,
@@ -66,7 +85,7 @@ pub struct Context<S> {
     slurm: Option<Arc<S>>,
     recorder: Recorder,
     metrics: Metrics,
-    nodes: Store<PartialObjectMeta<Node>>,
+    nodes: NodeCache,
     slurmd: Store<Pod>,
     pods: Store<Pod>,
     /// The three caches above have had their first list.
@@ -76,14 +95,32 @@ pub struct Context<S> {
 /// Resolves once some caches have had their first list, for any number of waiters.
 ///
 /// `Store::wait_until_ready` wakes only the last of several concurrent waiters (a oneshot
-/// underneath): the other reconcilers would wait forever, and their objects would never be
-/// reconciled again. One shared wait per set of caches wakes them all.
+/// underneath), and kube-runtime's `Controller` waits on its own store that way: so the caches'
+/// first lists are signalled by their event streams instead ([`first_list`]), one shared wait
+/// per cache, which wakes every waiter.
 #[derive(Clone)]
 struct Synced(Shared<BoxFuture<'static, bool>>);
 
 impl Synced {
     fn new(all: impl Future<Output = bool> + Send + 'static) -> Self {
         Self(all.boxed().shared())
+    }
+
+    /// Resolves once every one of `parts` has.
+    fn all(parts: Vec<Synced>) -> Self {
+        Self::new(async move {
+            for p in parts {
+                if !p.0.await {
+                    return false;
+                }
+            }
+            true
+        })
+    }
+
+    /// Whether it has resolved successfully (as a waiter saw it: false until one has).
+    fn is_done(&self) -> bool {
+        self.0.peek() == Some(&true)
     }
 
     async fn wait(&self) -> Result<(), ReconcileError> {
@@ -95,14 +132,33 @@ impl Synced {
     }
 }
 
-/// `store`'s first list, as a future for [`Synced::new`] (false if its writer went away).
-fn listed<K>(store: &Store<K>) -> impl Future<Output = bool> + Send + 'static
+/// `events` (after what caches them, so that the cache holds the whole list by then) passed
+/// through, and a [`Synced`] that resolves once their first list has gone by (false if they end
+/// before).
+fn first_list<K, S>(events: S) -> (impl Stream<Item = S::Item> + Send, Synced)
 where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
+    K: Send,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
 {
-    let store = store.clone();
-    async move { store.wait_until_ready().await.is_ok() }
+    let (tx, rx) = oneshot::channel::<()>();
+    let mut tx = Some(tx);
+    let events = events.inspect(move |e| {
+        if let Ok(watcher::Event::InitDone) = e
+            && let Some(tx) = tx.take()
+        {
+            let _ = tx.send(());
+        }
+    });
+    (events, Synced::new(async move { rx.await.is_ok() }))
+}
+
+/// `stream`, started once `synced` resolves.
+fn after<S: Stream + Send + 'static>(synced: Synced, stream: S) -> impl Stream<Item = S::Item> {
+    futures::stream::once(async move {
+        let _ = synced.wait().await;
+        stream
+    })
+    .flatten()
 }
 
 fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ReconcileError {
@@ -114,12 +170,17 @@ fn on_node(pod: &Pod, node: &str) -> bool {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
 }
 
-fn node_of(pod: Pod) -> Option<ObjectRef<GpuNode>> {
+fn node_of(pod: Pod) -> Option<ObjectRef<SlimGpuNode>> {
     pod.spec?.node_name.map(|n| ObjectRef::new(&n))
 }
 
 /// Runs both controllers until they end (they do not, unless every watch stream ends); slurmd
 /// pods are those matching the label selector `slurmd_selector`.
+///
+/// One watch per kind of object, each cached once (only what `plan` reads of GpuNodes and Nodes,
+/// see [`slim`](crate::slim); only GPU pods of all pods), shared by both controllers. The
+/// GpuNodes are listed last, once the other caches are: by then every Node and pod has
+/// triggered its GpuNode, and a (re)start reconciles each GpuNode once.
 pub async fn controllers<S: SlurmNodes + 'static>(
     client: Client,
     settings: Settings,
@@ -128,28 +189,82 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     metrics: Metrics,
     slurmd_selector: &str,
 ) {
-    let gpunodes: Api<GpuNode> = Api::all(client.clone());
-    // metadata only (labels and managed fields are all that is looked at)
-    let nodes: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
-    let gpunode_meta: Api<PartialObjectMeta<GpuNode>> = Api::all(client.clone());
+    let gpunodes: Api<SlimGpuNode> = Api::all(client.clone());
+    let nodes: Api<SlimNode> = Api::all(client.clone());
     let pods: Api<Pod> = Api::all(client.clone());
+    let cfg = watcher::Config::default;
+    // the sweep's triggers (Node names): every GpuNode deleted; every Node written that carries
+    // labels of ours and has no GpuNode, once the GpuNodes are listed; and once they are, every
+    // Node of those already cached
+    let (sweep_tx, sweep_rx) = mpsc::unbounded::<String>();
+    // the cache only needs the resource version its watch has read by then: dropping it spares a
+    // copy in each cached GpuNode and in its keys
+    let (gpunode_store, w) = reflector::store();
+    let (gpunode_events, gpunodes_listed) = first_list(reflector::reflector(
+        w,
+        watcher(gpunodes, cfg()).modify(forget_version),
+    ));
     // each cache is written before its event triggers a reconcile, so a reconcile sees at least
     // what triggered it
-    let (node_store, w) = reflector::store();
-    let node_events = reflector::reflector(w, watcher(nodes.clone(), watcher::Config::default()));
+    let node_cache = NodeCache::default();
+    let cache = node_cache.clone();
+    let (node_events, nodes_listed) =
+        first_list(watcher(nodes, cfg()).inspect_ok(move |e| cache.apply(e)));
+    let (to_sweep, gpunodes, listed) = (
+        sweep_tx.clone(),
+        gpunode_store.clone(),
+        gpunodes_listed.clone(),
+    );
+    let node_events = node_events.inspect_ok(move |e| {
+        if let watcher::Event::Apply(n) | watcher::Event::InitApply(n) = e
+            && listed.is_done()
+        {
+            let name = n.name_any();
+            if orphaned(&name, &n.labels, &gpunodes) {
+                let _ = to_sweep.unbounded_send(name);
+            }
+        }
+    });
+    let first_sweep = {
+        let (nodes, gpunodes, listed, tx) = (
+            node_cache.clone(),
+            gpunode_store.clone(),
+            gpunodes_listed.clone(),
+            sweep_tx.clone(),
+        );
+        async move {
+            if listed.wait().await.is_ok() {
+                for name in nodes.names(|name, n| orphaned(name, &n.labels, &gpunodes)) {
+                    let _ = tx.unbounded_send(name);
+                }
+            }
+        }
+    };
     let (slurmd_store, w) = reflector::store();
-    let slurmd_cfg = watcher::Config::default().labels(slurmd_selector);
-    let slurmd_events = reflector::reflector(w, watcher(pods.clone(), slurmd_cfg).modify(strip));
+    let slurmd_cfg = cfg().labels(slurmd_selector);
+    let (slurmd_events, slurmd_listed) = first_list(reflector::reflector(
+        w,
+        watcher(pods.clone(), slurmd_cfg).modify(strip),
+    ));
     let resource = settings.gpu_resource.clone();
     let (pod_store, w) = reflector::store();
-    let pod_events =
-        reflector::reflector(w, watcher(pods, watcher::Config::default()).modify(strip));
-    let (n, s, p) = (
-        listed(&node_store),
-        listed(&slurmd_store),
-        listed(&pod_store),
-    );
-    let synced = Synced::new(async move { n.await && s.await && p.await });
+    let keep = resource.clone();
+    let gpu_pods = watcher(pods, cfg())
+        .try_filter(move |e| futures::future::ready(gpu_pod_event(e, &keep)))
+        .modify(strip);
+    let (pod_events, pods_listed) = first_list(reflector::reflector(w, gpu_pods));
+    let synced = Synced::all(vec![nodes_listed, slurmd_listed, pods_listed]);
+    let (gone, to_sweep) = (metrics.clone(), sweep_tx.clone());
+    let gpunode_events = gpunode_events.inspect_ok(move |e| {
+        if let watcher::Event::Delete(g) = e {
+            let name = g.name_any();
+            gone.node(&name, None);
+            let _ = to_sweep.unbounded_send(name);
+        }
+    });
+    // cached with their UID (for Events), but the scheduler's keys, two for each GpuNode while
+    // its next reconcile is due, do without it
+    let gpunode_events = after(synced.clone(), gpunode_events.modify(forget_uid));
     let ctx = Arc::new(Context {
         client,
         settings,
@@ -157,36 +272,65 @@ pub async fn controllers<S: SlurmNodes + 'static>(
         recorder,
         metrics,
         synced,
-        nodes: node_store,
+        nodes: node_cache,
         slurmd: slurmd_store,
         pods: pod_store,
     });
-    let main = Controller::new(gpunodes.clone(), watcher::Config::default())
-        .watches_stream(touched(node_events), |n| {
-            Some(ObjectRef::new(&n.name_any()))
-        })
-        .watches_stream(touched(slurmd_events), node_of)
-        .watches_stream(touched(pod_events), move |p| {
-            requests_resource(&p, &resource)
-                .then(|| node_of(p))
-                .flatten()
-        })
-        .run(reconcile_gpunode, retry, ctx.clone())
-        .for_each(|r| async move { log_result("GpuNode", r) });
-    // the sweep: its own Node and GpuNode caches (metadata only)
-    let (swept, w) = reflector::store();
-    let sweep_nodes = reflector::reflector(w, watcher(nodes, watcher::Config::default()));
-    let (gone_store, w) = reflector::store::<PartialObjectMeta<GpuNode>>();
-    let gpunode_events = reflector::reflector(w, watcher(gpunode_meta, watcher::Config::default()));
-    let gone_synced = Synced::new(listed(&gone_store));
-    let sweep_ctx = Arc::new((ctx, gone_store, gone_synced));
-    let sweep = Controller::for_stream(sweep_nodes.default_backoff().applied_objects(), swept)
-        .watches_stream(touched(gpunode_events), |g| {
-            Some(ObjectRef::new(&g.name_any()))
-        })
-        .run(sweep_node, retry, sweep_ctx)
-        .for_each(|r| async move { log_result("Node", r) });
-    tokio::join!(main, sweep);
+    let main = Controller::for_stream(
+        gpunode_events.default_backoff().applied_objects(),
+        gpunode_store.clone(),
+    )
+    .watches_stream(touched(node_events), |n| {
+        Some(ObjectRef::new(&n.name_any()))
+    })
+    .watches_stream(touched(slurmd_events), node_of)
+    .watches_stream(touched(pod_events), move |p| {
+        requests_resource(&p, &resource)
+            .then(|| node_of(p))
+            .flatten()
+    })
+    .with_config(controller_config())
+    .run(reconcile_gpunode, retry, ctx.clone())
+    .for_each(|r| async move { log_result("GpuNode", r) });
+    // the sweep: Nodes whose GpuNode is gone, from the same caches (a failed one is tried again
+    // after RETRY)
+    let sweep_ctx = Arc::new((ctx, gpunode_store, gpunodes_listed));
+    let sweep = sweep_rx.for_each_concurrent(usize::from(CONCURRENCY), move |name| {
+        let (ctx, again) = (sweep_ctx.clone(), sweep_tx.clone());
+        async move {
+            if let Err(err) = sweep_node(&name, &ctx).await {
+                warn!(%err, node = %name, "Node reconcile failed; retrying in {} s", RETRY.as_secs());
+                tokio::time::sleep(RETRY).await;
+                let _ = again.unbounded_send(name);
+            }
+        }
+    });
+    tokio::join!(main, sweep, first_sweep);
+}
+
+/// Whether node `name` carries labels of ours (`labels`) but has no GpuNode (in `gpunodes`,
+/// listed).
+fn orphaned(name: &str, labels: &NodeLabels, gpunodes: &Store<SlimGpuNode>) -> bool {
+    labels.ours().next().is_some() && gpunodes.get(&ObjectRef::new(name)).is_none()
+}
+
+/// Drops the object's UID.
+fn forget_uid<K: Resource>(o: &mut K) {
+    o.meta_mut().uid = None;
+}
+
+/// Drops the object's resource version (its watch has read it).
+fn forget_version<K: Resource>(o: &mut K) {
+    o.meta_mut().resource_version = None;
+}
+
+/// Whether the all-pods cache keeps watch event `e`: pods that ask for `resource` (a pod's
+/// extended resources never change), every deletion and the list's bounds.
+fn gpu_pod_event(e: &watcher::Event<Pod>, resource: &str) -> bool {
+    match e {
+        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => requests_resource(p, resource),
+        watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone => true,
+    }
 }
 
 /// A watch stream's changed and deleted objects, with kube-runtime's default backoff.
@@ -222,13 +366,13 @@ fn retry<K, S>(_: Arc<K>, err: &ReconcileError, _: Arc<S>) -> Action {
 }
 
 async fn reconcile_gpunode<S: SlurmNodes>(
-    g: Arc<GpuNode>,
+    g: Arc<SlimGpuNode>,
     ctx: Arc<Context<S>>,
 ) -> Result<Action, ReconcileError> {
     let started = Instant::now();
     ctx.synced.wait().await?;
     let name = g.name_any();
-    let node = ctx.nodes.get(&ObjectRef::new(&name));
+    let node = ctx.nodes.get(&name);
     let slurmd = ctx.slurmd.state_filter(|p| on_node(p, &name));
     let resource = &ctx.settings.gpu_resource;
     let pods = ctx
@@ -238,7 +382,7 @@ async fn reconcile_gpunode<S: SlurmNodes>(
     let pods_ref: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
     let p = plan::plan(&Input {
         gpunode: Some(&g),
-        node: node.as_ref().map(|n| &n.metadata),
+        node: node.as_ref().map(|n| &n.labels),
         slurmd_pods: &slurmd,
         pods: &pods_ref,
         now: Timestamp::now(),
@@ -259,7 +403,7 @@ async fn reconcile_gpunode<S: SlurmNodes>(
 
 async fn execute<S: SlurmNodes>(
     ctx: &Context<S>,
-    g: &GpuNode,
+    g: &SlimGpuNode,
     p: &Plan,
     pods: &[Arc<Pod>],
 ) -> Result<(), ReconcileError> {
@@ -332,10 +476,11 @@ async fn apply_labels<S>(
     node: &str,
     labels: &std::collections::BTreeMap<String, String>,
 ) -> Result<(), ReconcileError> {
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let nodes: Api<SlimNode> = Api::all(ctx.client.clone());
     labels::apply(&nodes, node, labels)
         .await
         .map_err(kube_err(format!("applying labels to node {node}")))?;
+    ctx.metrics.wrote("node_labels");
     info!(%node, ?labels, "node labels applied");
     Ok(())
 }
@@ -345,7 +490,7 @@ async fn apply_conditions<S>(
     name: &str,
     conditions: &[Condition],
 ) -> Result<(), ReconcileError> {
-    let api: Api<GpuNode> = Api::all(ctx.client.clone());
+    let api: Api<SlimGpuNode> = Api::all(ctx.client.clone());
     let patch = json!({
         "apiVersion": "mockgpu.io/v1alpha1",
         "kind": "GpuNode",
@@ -359,6 +504,7 @@ async fn apply_conditions<S>(
     )
     .await
     .map_err(kube_err(format!("applying conditions to GpuNode {name}")))?;
+    ctx.metrics.wrote("gpunode_conditions");
     let brief: Vec<String> = conditions
         .iter()
         .map(|c| format!("{}={}", c.type_, c.status))
@@ -472,42 +618,46 @@ impl<S> Context<S> {
             action: reason.into(),
             secondary: None,
         };
-        if let Err(err) = self.recorder.publish(&ev, regarding).await {
-            warn!(%err, %reason, "cannot record an event");
+        match self.recorder.publish(&ev, regarding).await {
+            Ok(()) => self.metrics.wrote("event"),
+            Err(err) => warn!(%err, %reason, "cannot record an event"),
         }
     }
 }
 
-/// The sweep's context: the shared one and its own GpuNode cache.
-type SweepContext<S> = (Arc<Context<S>>, Store<PartialObjectMeta<GpuNode>>, Synced);
+/// The sweep's context: the shared one, the GpuNode cache and its first list.
+type SweepContext<S> = (Arc<Context<S>>, Store<SlimGpuNode>, Synced);
 
 async fn sweep_node<S: SlurmNodes>(
-    node: Arc<PartialObjectMeta<Node>>,
-    ctx: Arc<SweepContext<S>>,
-) -> Result<Action, ReconcileError> {
+    name: &str,
+    ctx: &SweepContext<S>,
+) -> Result<(), ReconcileError> {
     let (ctx, gpunodes, synced) = (&ctx.0, &ctx.1, &ctx.2);
     synced.wait().await?;
-    let name = node.name_any();
-    if gpunodes.get(&ObjectRef::new(&name)).is_some() {
-        return Ok(Action::await_change());
+    if gpunodes.get(&ObjectRef::new(name)).is_some() {
+        return Ok(());
     }
+    // a Node gone is no one's business
+    let Some(node) = ctx.nodes.get(name) else {
+        debug!(node = %name, "no such Node");
+        return Ok(());
+    };
     let p = plan::plan(&Input {
         gpunode: None,
-        node: Some(&node.metadata),
+        node: Some(&node.labels),
         slurmd_pods: &[],
         pods: &[],
         now: Timestamp::now(),
         settings: &ctx.settings,
     });
-    ctx.metrics.node(&name, None);
     if let Some(labels) = &p.labels {
-        apply_labels(ctx, &name, labels).await?;
+        apply_labels(ctx, name, labels).await?;
         let (reason, note) = labels_note(labels);
         let nref = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Node".into()),
-            name: Some(name.clone()),
-            uid: node.metadata.uid.clone(),
+            name: Some(name.to_string()),
+            uid: node.uid.clone(),
             ..Default::default()
         };
         ctx.event(
@@ -518,7 +668,7 @@ async fn sweep_node<S: SlurmNodes>(
         )
         .await;
     }
-    Ok(Action::await_change())
+    Ok(())
 }
 
 /// The Event recorder of replica `identity`.
@@ -535,19 +685,30 @@ pub fn recorder(client: Client, identity: &str) -> Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use kube::api::ObjectMeta;
 
-    /// Several reconcilers waiting at once for the first list all go on (a bare
-    /// `wait_until_ready` wakes only one of them).
+    type Events = mpsc::UnboundedSender<Result<watcher::Event<ConfigMap>, watcher::Error>>;
+
+    /// A reflector over events sent by hand, drained by a task, and its first-list signal.
+    fn cache() -> (Events, Store<ConfigMap>, Synced) {
+        let (tx, rx) = mpsc::unbounded();
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let (events, synced) = first_list(reflector::reflector(writer, rx));
+        tokio::spawn(events.for_each(|_| async {}));
+        (tx, store, synced)
+    }
+
+    /// Several reconcilers waiting at once for the first list all go on, and find the whole list
+    /// in the store (a bare `wait_until_ready` wakes only one of them).
     #[tokio::test]
     async fn every_waiter_wakes_on_the_first_list() {
-        let (store, mut writer) = reflector::store::<ConfigMap>();
-        let synced = Synced::new(listed(&store));
+        let (events, store, synced) = cache();
         let waiters: Vec<_> = (0..4)
             .map(|_| {
-                let s = synced.clone();
-                tokio::spawn(async move { s.wait().await.is_ok() })
+                let (s, store) = (synced.clone(), store.clone());
+                tokio::spawn(async move { s.wait().await.is_ok().then(|| store.state().len()) })
             })
             .collect();
         tokio::task::yield_now().await;
@@ -561,26 +722,67 @@ mod tests {
             },
             ..ConfigMap::default()
         };
-        writer.apply_watcher_event(&watcher::Event::Init);
-        writer.apply_watcher_event(&watcher::Event::InitApply(cm));
-        writer.apply_watcher_event(&watcher::Event::InitDone);
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(cm),
+            watcher::Event::InitDone,
+        ] {
+            events.unbounded_send(Ok(e)).unwrap();
+        }
         for w in waiters {
             let woke = tokio::time::timeout(Duration::from_secs(5), w).await;
             assert!(
-                matches!(woke, Ok(Ok(true))),
+                matches!(woke, Ok(Ok(Some(1)))),
                 "a waiter stayed asleep: {woke:?}"
             );
         }
-        assert_eq!(store.state().len(), 1);
     }
 
-    /// A cache whose writer went away fails the wait instead of hanging.
+    /// A cache whose events end before its first list fails the wait instead of hanging, and so
+    /// does a wait on several caches of which one fails.
     #[tokio::test]
     async fn a_dropped_cache_fails_the_wait() {
-        let (store, writer) = reflector::store::<ConfigMap>();
-        let synced = Synced::new(listed(&store));
-        drop(writer);
+        let (events, _, synced) = cache();
+        let (other, _, listed) = cache();
+        other.unbounded_send(Ok(watcher::Event::Init)).unwrap();
+        other.unbounded_send(Ok(watcher::Event::InitDone)).unwrap();
+        let both = Synced::all(vec![listed, synced.clone()]);
+        drop(events);
         let r = tokio::time::timeout(Duration::from_secs(5), synced.wait()).await;
         assert!(matches!(r, Ok(Err(ReconcileError::CacheGone))), "{r:?}");
+        let r = tokio::time::timeout(Duration::from_secs(5), both.wait()).await;
+        assert!(matches!(r, Ok(Err(ReconcileError::CacheGone))), "{r:?}");
+    }
+
+    /// The all-pods cache keeps GPU pods only, and every deletion and list bound.
+    #[test]
+    fn only_gpu_pods_are_cached() {
+        let pod = |gpus: Option<&str>| Pod {
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "c".into(),
+                    resources: gpus.map(|n| ResourceRequirements {
+                        limits: Some([("nvidia.com/gpu".to_string(), Quantity(n.into()))].into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        use watcher::Event::*;
+        let cases = [
+            (Apply(pod(Some("1"))), true),
+            (InitApply(pod(Some("2"))), true),
+            (Apply(pod(None)), false),
+            (InitApply(pod(Some("0"))), false),
+            (Delete(pod(None)), true),
+            (Init, true),
+            (InitDone, true),
+        ];
+        for (e, keep) in cases {
+            assert_eq!(gpu_pod_event(&e, "nvidia.com/gpu"), keep, "{e:?}");
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! The controller's scale benchmark, driven by `bench/controller-scale.sh` against a real API
-//! server: bulk creation of GpuNodes, and a full resync of all of them through kube-runtime's
+//! server: bulk creation of GpuNodes and their Nodes, and a full resync of all of them through kube-runtime's
 //! `Controller` (the machinery `mockgpu-controller run` is built on) with a reconcile that only
 //! counts, measured in the process itself: CPU time (getrusage) and resident memory (VmRSS)
 //! once every listed object has been reconciled.
@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, reflector};
@@ -29,7 +30,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create GpuNodes `<prefix>-00000`, ... with `--gpus` GPUs each.
+    /// Create Nodes `<prefix>-00000`, ... (as a kubelet registers them) and their GpuNodes with
+    /// `--gpus` GPUs each (as an agent reports them).
     Create {
         #[arg(long, default_value_t = 5000)]
         count: usize,
@@ -41,7 +43,7 @@ enum Command {
         #[arg(long, default_value = "bench-node")]
         prefix: String,
     },
-    /// Delete every GpuNode.
+    /// Delete every GpuNode and every Node `create` made.
     DeleteAll,
     /// List and reconcile every GpuNode once; print the CPU time and RSS it took.
     Resync {
@@ -89,6 +91,45 @@ fn gpu_node(prefix: &str, node: usize, gpus: u32) -> GpuNode {
     GpuNode::new(&name, spec)
 }
 
+/// The label on every Node `create` makes (`delete-all` deletes them by it).
+const BENCH_LABEL: &str = "bench.mockgpu.io/controller-scale";
+
+/// A Node as a kubelet registers it (its labels and annotations; the status is not looked at:
+/// the controller watches Nodes' metadata only).
+fn node(name: &str) -> Node {
+    let labels = [
+        ("beta.kubernetes.io/arch", "amd64"),
+        ("beta.kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", "amd64"),
+        ("kubernetes.io/hostname", name),
+        ("kubernetes.io/os", "linux"),
+        (BENCH_LABEL, "true"),
+    ];
+    let annotations = [
+        ("node.alpha.kubernetes.io/ttl", "0"),
+        (
+            "volumes.kubernetes.io/controller-managed-attach-detach",
+            "true",
+        ),
+    ];
+    let map = |kv: &[(&str, &str)]| {
+        Some(
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    };
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: map(&labels),
+            annotations: map(&annotations),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    }
+}
+
 /// The status an agent reports for a fresh, healthy node (heartbeat now, `Ready`, nothing pinned).
 fn agent_status(name: &str) -> serde_json::Value {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -110,8 +151,10 @@ fn agent_status(name: &str) -> serde_json::Value {
     })
 }
 
-/// Creates the GpuNodes and applies their agent status (two requests each, as an agent does).
+/// Creates the Nodes (as the kubelet's field manager), the GpuNodes, and applies their agent
+/// status (two requests each, as an agent does).
 async fn create(
+    nodes: Api<Node>,
     api: Api<GpuNode>,
     count: usize,
     gpus: u32,
@@ -120,11 +163,20 @@ async fn create(
 ) -> anyhow::Result<()> {
     let t = Instant::now();
     let (pp, apply) = (PostParams::default(), PatchParams::apply(AGENT_MANAGER));
+    let kubelet = PostParams {
+        field_manager: Some("kubelet".into()),
+        ..PostParams::default()
+    };
     futures::stream::iter(0..count)
         .map(|i| {
             let (api, pp, apply, obj) = (&api, &pp, &apply, gpu_node(prefix, i, gpus));
+            let (nodes, kubelet) = (&nodes, &kubelet);
             async move {
                 let name = obj.name_any();
+                nodes
+                    .create(kubelet, &node(&name))
+                    .await
+                    .with_context(|| format!("creating node {name}"))?;
                 api.create(pp, &obj)
                     .await
                     .with_context(|| format!("creating {name}"))?;
@@ -138,7 +190,7 @@ async fn create(
         .try_for_each(|_| async { Ok(()) })
         .await?;
     println!(
-        "created count={count} gpus={gpus} parallel={parallel} ms={}",
+        "created nodes+gpunodes count={count} gpus={gpus} parallel={parallel} ms={}",
         t.elapsed().as_millis()
     );
     Ok(())
@@ -251,20 +303,26 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let api: Api<GpuNode> = Api::all(
-        Client::try_default()
-            .await
-            .context("connecting to the API server")?,
-    );
+    let client = Client::try_default()
+        .await
+        .context("connecting to the API server")?;
+    let api: Api<GpuNode> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client);
     match cli.command {
         Command::Create {
             count,
             gpus,
             parallel,
             prefix,
-        } => create(api, count, gpus, parallel, &prefix).await,
+        } => create(nodes, api, count, gpus, parallel, &prefix).await,
         Command::DeleteAll => {
             api.delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await?;
+            nodes
+                .delete_collection(
+                    &DeleteParams::default(),
+                    &ListParams::default().labels(BENCH_LABEL),
+                )
                 .await?;
             Ok(())
         }
