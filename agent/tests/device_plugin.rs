@@ -78,6 +78,21 @@ impl Kubelet {
             .expect("timed out waiting for the plugin to register")
             .expect("the kubelet's service ended")
     }
+
+    /// The next registration, by `plugin`: when the plugin ends first (a device node it may not
+    /// create, a conflict), its error at once rather than a timeout.
+    async fn registered_by(
+        &mut self,
+        plugin: &mut JoinHandle<Result<(), DevicePluginError>>,
+    ) -> RegisterRequest {
+        tokio::select! {
+            request = self.registered() => request,
+            result = plugin => match result.expect("the plugin does not panic") {
+                Ok(()) => panic!("the plugin ended before registering"),
+                Err(e) => panic!("the plugin ended before registering: {e}"),
+            },
+        }
+    }
 }
 
 /// A node's temporary kubelet and agent directories.
@@ -202,9 +217,9 @@ async fn registers_lists_and_allocates() {
     let mut kubelet = Kubelet::start(&node.plugin_dir());
     let topo = gb300("", "node-0");
     let uuids: Vec<String> = topo.gpus.iter().map(|g| g.uuid.clone()).collect();
-    let plugin = start(node.config("nvidia.com/gpu"), topo.clone());
+    let mut plugin = start(node.config("nvidia.com/gpu"), topo.clone());
 
-    let request = kubelet.registered().await;
+    let request = kubelet.registered_by(&mut plugin.task).await;
     assert_eq!(request.version, "v1beta1");
     assert_eq!(request.endpoint, "mockgpu-nvidia.com_gpu.sock");
     assert_eq!(request.resource_name, "nvidia.com/gpu");
@@ -364,8 +379,8 @@ async fn registers_lists_and_allocates() {
 async fn a_restarted_kubelet_gets_a_new_registration() {
     let node = Node::new();
     let mut kubelet = Kubelet::start(&node.plugin_dir());
-    let plugin = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
-    let first = kubelet.registered().await;
+    let mut plugin = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
+    let first = kubelet.registered_by(&mut plugin.task).await;
     let socket = node.plugin_dir().join(&first.endpoint);
 
     // A kubelet restart: the old one stops, the plugins' sockets are deleted, kubelet.sock is
@@ -373,7 +388,7 @@ async fn a_restarted_kubelet_gets_a_new_registration() {
     drop(kubelet);
     fs::remove_file(&socket).unwrap();
     let mut kubelet = Kubelet::start(&node.plugin_dir());
-    let again = kubelet.registered().await;
+    let again = kubelet.registered_by(&mut plugin.task).await;
     assert_eq!(again, first);
     let mut stream = list_and_watch(&mut dial(&socket).await).await;
     assert_eq!(next(&mut stream).await.len(), 4);
@@ -381,7 +396,7 @@ async fn a_restarted_kubelet_gets_a_new_registration() {
     // Only kubelet.sock recreated (the plugin's socket left in place): registered again too.
     drop(kubelet);
     let mut kubelet = Kubelet::start(&node.plugin_dir());
-    assert_eq!(kubelet.registered().await, first);
+    assert_eq!(kubelet.registered_by(&mut plugin.task).await, first);
     // The plugin counts a registration once the kubelet has answered it.
     let counted = async {
         while !metrics_text(&plugin.metrics)
@@ -400,17 +415,17 @@ async fn a_successor_waits_for_the_first_plugin_to_stop() {
     let node = Node::new();
     let mut kubelet = Kubelet::start(&node.plugin_dir());
     let Plugin {
-        task: first,
+        task: mut first,
         _stop: stop_first,
         ..
     } = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
-    let registered = kubelet.registered().await;
+    let registered = kubelet.registered_by(&mut first).await;
     let socket = node.plugin_dir().join(&registered.endpoint);
     let before = fs::metadata(&socket).unwrap().ino();
 
     // A rollout: the next agent starts while the first one still serves. It neither registers
     // (the kubelet refuses a socket path that is connected) nor touches the first one's socket.
-    let _second = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
+    let mut second = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
     let early = tokio::time::timeout(Duration::from_millis(400), kubelet.registered()).await;
     assert!(
         early.is_err(),
@@ -422,7 +437,7 @@ async fn a_successor_waits_for_the_first_plugin_to_stop() {
     // the nodes again and registers.
     drop(stop_first);
     ended(first).await.unwrap();
-    assert_eq!(kubelet.registered().await, registered);
+    assert_eq!(kubelet.registered_by(&mut second.task).await, registered);
     assert_ne!(fs::metadata(&socket).unwrap().ino(), before);
     let dev = node.layout().dev_dir();
     let nodes_back = async {
@@ -447,8 +462,10 @@ async fn a_foreign_plugin_named_by_the_kubelets_checkpoint_is_a_conflict() {
     // Another plugin, on a socket of its own, whose devices the checkpoint records under
     // nvidia.com/gpu (as after it registered nvidia.com/gpu).
     let other = gb300("", "other-node");
-    let _other = start(node.config("example.com/gpu"), other.clone());
-    let other_socket = node.plugin_dir().join(kubelet.registered().await.endpoint);
+    let mut other_plugin = start(node.config("example.com/gpu"), other.clone());
+    let other_socket = node
+        .plugin_dir()
+        .join(kubelet.registered_by(&mut other_plugin.task).await.endpoint);
     let ids: Vec<String> = other
         .gpus
         .iter()
@@ -485,8 +502,11 @@ async fn a_foreign_plugin_named_by_the_kubelets_checkpoint_is_a_conflict() {
         r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/gpu":["GPU-gone"]}},"Checksum":1}"#,
     )
     .unwrap();
-    let _ours = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
-    assert_eq!(kubelet.registered().await.resource_name, "nvidia.com/gpu");
+    let mut retried = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
+    assert_eq!(
+        kubelet.registered_by(&mut retried.task).await.resource_name,
+        "nvidia.com/gpu"
+    );
 }
 
 /// Sends SIGTERM to the agent; kills it when dropped, so that a failed assertion leaves no
@@ -500,6 +520,18 @@ impl Drop for Agent {
     }
 }
 
+impl Agent {
+    /// Its exit status, once it has exited.
+    async fn exited(&mut self) -> std::process::ExitStatus {
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 #[test]
 fn serve_advertises_the_gpus_and_follows_profile_changes() {
     let node = Node::new();
@@ -509,6 +541,7 @@ fn serve_advertises_the_gpus_and_follows_profile_changes() {
     fs::write(proc.join("devices"), common::HOST_DEVICES).unwrap();
     let profile = root.join("profile.yaml");
     fs::write(&profile, "base: gb300\n").unwrap();
+    let log = root.join("agent.log");
     common::in_private_namespace(|| {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -535,11 +568,18 @@ fn serve_advertises_the_gpus_and_follows_profile_changes() {
                     .args(["--listen", "127.0.0.1:0", "--device-plugin"])
                     .arg("--kubelet-dir")
                     .arg(root.join("kubelet"))
-                    .stderr(std::process::Stdio::null())
+                    .stderr(fs::File::create(&log).unwrap())
                     .spawn()
                     .unwrap(),
             );
-            let request = kubelet.registered().await;
+            // An agent that ends first (its device plugin failed) shows why at once.
+            let request = tokio::select! {
+                request = kubelet.registered() => request,
+                status = agent.exited() => panic!(
+                    "the agent exited ({status}) before registering: {}",
+                    fs::read_to_string(&log).unwrap_or_default()
+                ),
+            };
             assert_eq!(request.resource_name, "nvidia.com/gpu");
             let socket = node.plugin_dir().join(&request.endpoint);
             let mut client = dial(&socket).await;
@@ -572,15 +612,7 @@ fn serve_advertises_the_gpus_and_follows_profile_changes() {
 
             let pid = nix::unistd::Pid::from_raw(agent.0.id() as i32);
             nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-            let exited = async {
-                loop {
-                    if let Some(status) = agent.0.try_wait().unwrap() {
-                        return status;
-                    }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            };
-            let status = tokio::time::timeout(WAIT, exited)
+            let status = tokio::time::timeout(WAIT, agent.exited())
                 .await
                 .expect("the agent exits");
             assert!(status.success(), "{status}");
