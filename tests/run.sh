@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every test of mockgpu, as CI runs them: formatting and lints; unit and integration tests (real
-# FUSE mounts, real programs under the shim, the NRI plugin against a mock runtime); then the node
-# test bed (the real containerd, runc and Slurm from Debian trixie, and from sid with containerd
-# 2.x); then its cluster mode (a real Kubernetes node, built from the Go module proxy) on both.
+# FUSE mounts, real programs under the shim, the NRI plugin against a mock runtime); the same test
+# binaries for aarch64, cross-built and run under qemu-user (tests/arm64/run.sh, Linux 6.7 or
+# later); then the node test bed (the real containerd, runc and Slurm from Debian trixie, and from
+# sid with containerd 2.x); then its cluster mode (a real Kubernetes node, built from the Go module
+# proxy) on both.
 # Needs root (FUSE mounts, mount namespaces, containers) and Go; installs the Debian packages it needs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -30,6 +32,8 @@ step "the files the images copy (x86_64)"
 bash tests/images.sh "${CARGO_TARGET_DIR:-target}/release" x86_64
 step "cargo test"
 cargo test --workspace
+step "aarch64: cross build, every test binary under qemu-user (tests/arm64/run.sh; cached in /var/tmp/mgarm64)"
+bash tests/arm64/run.sh
 step "node test bed"
 bash tests/testbed/run.sh
 step "node test bed on Debian sid (containerd 2.x)"

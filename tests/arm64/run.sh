@@ -159,8 +159,10 @@ inside_build() {
     inchroot "$B" update-ca-certificates > /dev/null
   fi
   local c=(chroot "$B" /usr/bin/env -i "${ENVP[@]}" "${CARGO_ENV[@]}" /bin/bash -c)
-  log "build: mknod-supervisor (static, for the host)"
-  "${c[@]}" "gcc -O2 -Wall -Wextra -Werror -static -o '$TD/mknod-supervisor' '$REPO/tests/arm64/mknod-supervisor.c'"
+  if [ ! "$TD/mknod-supervisor" -nt "$REPO/tests/arm64/mknod-supervisor.c" ]; then
+    log "build: mknod-supervisor (static, for the host)"
+    "${c[@]}" "gcc -O2 -Wall -Wextra -Werror -static -o '$TD/mknod-supervisor' '$REPO/tests/arm64/mknod-supervisor.c'"
+  fi
   "${c[@]}" "cd '$REPO' && cargo --version && rustc --version"
   log "build: cargo build --release --target $TRIPLE --workspace"
   "${c[@]}" "cd '$REPO' && cargo build --locked --release --target $TRIPLE --workspace"
@@ -261,12 +263,19 @@ phase_test() {  # phase_test [NAME...]
   log "test: all $n aarch64 test binaries ($(grep -oE 'ok\. [0-9]+ passed' "$LOGS/tests/summary.txt" | awk '{ n += $2 } END { print n }') tests) and the exec smoke test passed"
 }
 
+# One run at a time (another one waits): runs share the roots, the target directory (whose
+# uplifted binaries, such as debug/mockgpu-agent that the tests start, name no clone) and the logs.
+lock() {
+  exec 9> "$A64/lock"
+  flock -n 9 || { log "waiting for another run of run.sh (flock $A64/lock)"; flock 9; }
+}
+
 case "${1:-all}" in
-  test) phase_test "${@:2}" ;;
+  test) lock; phase_test "${@:2}" ;;
   _tests) inside_tests "$2" ;;
-  all) phase_roots; phase_build; phase_test ;;
-  roots) phase_roots ;;
-  build) phase_build ;;
+  all) lock; phase_roots; phase_build; phase_test ;;
+  roots) lock; phase_roots ;;
+  build) lock; phase_build ;;
   _build) inside_build ;;
   *) sed -n '2,/^set -e/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
