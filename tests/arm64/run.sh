@@ -8,8 +8,9 @@
 #                       toolchain, qemu-user-static
 #           $A64/arm64  arm64 (debootstrap --foreign, second stage under qemu): what the tests run
 #   build   cargo build --release --target aarch64-unknown-linux-gnu --workspace in the build root,
-#           then the test binaries (cargo test --no-run), into $A64_TARGET; checks that the files
-#           images/ copies are there and are aarch64 programs (tests/images.sh); compiles
+#           then the test binaries (cargo test --no-run), into $A64_TARGET (the workspace's own
+#           crates cleaned first when its last build came from another clone); checks that the
+#           files images/ copies are there and are aarch64 programs (tests/images.sh); compiles
 #           mknod-supervisor.c (static, x86_64)
 #   test [NAME...]  every aarch64 test binary inside the arm64 root under qemu-user (two tests
 #           left out: see EMULATION_SKIP), or only those named (device_plugin, exec, ...), then
@@ -164,6 +165,21 @@ inside_build() {
     "${c[@]}" "gcc -O2 -Wall -Wextra -Werror -static -o '$TD/mknod-supervisor' '$REPO/tests/arm64/mknod-supervisor.c'"
   fi
   "${c[@]}" "cd '$REPO' && cargo --version && rustc --version"
+  # The workspace's crates have the same file names whichever clone they were built from, and
+  # cargo finds them up to date when no source is newer than they are: a clone whose files are
+  # older than the last build from another one would be tested with that one's code. So they are
+  # rebuilt whenever the last build was from another clone (the dependencies are kept).
+  local stamp=$TD/built-from last pkgs
+  last=$(cat "$stamp" 2>/dev/null || true)
+  if [ "$last" != "$REPO" ]; then
+    pkgs=$("${c[@]}" "cd '$REPO' && cargo metadata --locked --offline --no-deps --format-version 1" \
+      | grep -oE '"name":"[^"]+","version":"[^"]+","id"' | cut -d'"' -f4 | sed 's/^/-p /' | tr '\n' ' ')
+    [ -n "$pkgs" ] || fail "cargo metadata named no workspace package"
+    log "build: last built from ${last:-an unknown clone}: the workspace's own crates again"
+    "${c[@]}" "cd '$REPO' && cargo clean --release --target $TRIPLE $pkgs && cargo clean --target $TRIPLE $pkgs"
+    rm -rf "$TD/$TRIPLE/mockfs-shim-tests"   # the shim's tests build libmockfs.so there
+  fi
+  echo "$REPO" > "$stamp"   # what is built from now on is this clone's
   log "build: cargo build --release --target $TRIPLE --workspace"
   "${c[@]}" "cd '$REPO' && cargo build --locked --release --target $TRIPLE --workspace"
   log "build: cargo test --no-run --target $TRIPLE --workspace"
