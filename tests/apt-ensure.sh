@@ -3,7 +3,7 @@
 set -euo pipefail
 missing=()
 for p in "$@"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'ok installed' > /dev/null || missing+=("$p")
 done
 [ ${#missing[@]} -gt 0 ] || exit 0
 echo "apt-ensure: installing ${missing[*]}"

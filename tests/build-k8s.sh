@@ -97,7 +97,7 @@ echo "TIMING helm-build: $(( $(date +%s) - tb )) s" >&2
 
 rm -rf "$BIN"; mv "$BIN.tmp" "$BIN"
 for b in $K8S_BINARIES helm; do
-  file "$BIN/$b" 2>/dev/null | grep -q 'statically linked' || ! command -v file > /dev/null ||
+  file "$BIN/$b" 2>/dev/null | grep 'statically linked' > /dev/null || ! command -v file > /dev/null ||
     { echo "build-k8s.sh: $BIN/$b is not static" >&2; exit 1; }
 done
 touch "$CACHE/$KEY/ok"

@@ -178,7 +178,7 @@ EOF
 # ---------------------------------------------------------------------------------------------
 # cluster-up: etcd, kube-apiserver (readyz), controller-manager, scheduler, kubelet (registered)
 
-etcd_healthy() { nsenter -t "$(nodepid)" -n -- curl -sf http://127.0.0.1:2379/health | grep -q '"health":"true"'; }
+etcd_healthy() { nsenter -t "$(nodepid)" -n -- curl -sf http://127.0.0.1:2379/health | matches '"health":"true"'; }
 api_ready() { [ "$(kc get --raw /readyz 2> /dev/null)" = ok ]; }
 
 cgroup_root_ready() {  # the kubelet wants its cgroupRoot to exist in every hierarchy
@@ -422,7 +422,7 @@ isolation() {  # nothing reaches out of the node, nothing listens outside it, no
   while read -r l; do
     case $l in
       lo|cni0) ;;
-      veth*) innode busybox ip -o link show "$l" | grep -q 'master cni0' || bad="$bad $l(no master cni0)" ;;
+      veth*) innode busybox ip -o link show "$l" | matches 'master cni0' || bad="$bad $l(no master cni0)" ;;
       *) bad="$bad $l" ;;
     esac
   done < <(innode busybox ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1)
@@ -528,7 +528,7 @@ node_label() { kc get node "${2:-$NODE}" -o jsonpath="{.metadata.labels.${1//./\
 allocatable() { kc get node "$NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}'; }
 allocatable_is() { [ "$(allocatable)" = "$1" ]; }
 # log_since <file> <line count before> <pattern>: the pattern in the lines written since
-log_since() { tail -n +"$(( $2 + 1 ))" "$1" | grep -q -- "$3"; }
+log_since() { tail -n +"$(( $2 + 1 ))" "$1" | matches -- "$3"; }
 
 scenario_dp_registered() {  # --device-plugin registers; the node advertises the 4 GPUs
   local t; t=$(date +%s%N)
@@ -762,8 +762,8 @@ EOF
   local leader standby; leader=$(ctl_holder); standby=$([ "$leader" = ctl-a ] && echo ctl-b || echo ctl-a)
   wait_for 10 "$standby ready" ctl_curl "$(ctl_port "$standby")" /readyz
   wait_for 10 "$leader ready" ctl_curl "$(ctl_port "$leader")" /readyz
-  ctl_curl "$(ctl_port "$leader")" /metrics | grep -qx 'mockgpu_controller_leader 1' || fail "$leader: metric leader is not 1"
-  ctl_curl "$(ctl_port "$standby")" /metrics | grep -qx 'mockgpu_controller_leader 0' || fail "$standby: metric leader is not 0"
+  ctl_curl "$(ctl_port "$leader")" /metrics | matches -x 'mockgpu_controller_leader 1' || fail "$leader: metric leader is not 1"
+  ctl_curl "$(ctl_port "$standby")" /metrics | matches -x 'mockgpu_controller_leader 0' || fail "$standby: metric leader is not 0"
   grep -q 'leading: controllers started' "$LOGS/controller-$leader.log" || fail "$leader did not log leading"
   ! grep -q 'leading: controllers started' "$LOGS/controller-$standby.log" || fail "$standby started its controllers too"
   echo "$leader" > "$ST/controller.leader"
@@ -780,12 +780,12 @@ scenario_controller_labels() {  # a GpuNode: its Node gets the labels, only from
   for want in nvidia.com/gpu.present=true nvidia.com/gpu.count=4 nvidia.com/gpu.product=NVIDIA-GB300 feature.node.kubernetes.io/pci-10de.present=true; do
     l=$(ctl_label "${want%%=*}"); [ "$l" = "${want#*=}" ] || fail "label ${want%%=*}='$l', want ${want#*=}"
   done
-  kc get node "$CTL_NODE" --show-managed-fields -o json | grep -q '"manager": "mockgpu-controller"' || fail "no managed fields of mockgpu-controller on $CTL_NODE"
-  ! kc get node "$NODE" --show-managed-fields -o json | grep -q '"manager": "mockgpu-controller"' || [ -n "$(kc get gpunode "$NODE" -o name 2> /dev/null)" ] \
+  kc get node "$CTL_NODE" --show-managed-fields -o json | matches '"manager": "mockgpu-controller"' || fail "no managed fields of mockgpu-controller on $CTL_NODE"
+  ! kc get node "$NODE" --show-managed-fields -o json | matches '"manager": "mockgpu-controller"' || [ -n "$(kc get gpunode "$NODE" -o name 2> /dev/null)" ] \
     || fail "the controller touched $NODE, which has no GpuNode"
   wait_for 20 "Stale=False" ctl_cond_is Stale False || fail "Stale is '$(ctl_cond Stale)'"
   [ "$(ctl_cond Drifted)" = False ] && [ "$(ctl_cond InjectionMissing)" = False ] || fail "Drifted '$(ctl_cond Drifted)', InjectionMissing '$(ctl_cond InjectionMissing)'"
-  kc get events -n default --field-selector "involvedObject.name=$CTL_NODE,reason=LabelsApplied" -o name | grep -q . || fail "no LabelsApplied event on GpuNode $CTL_NODE"
+  kc get events -n default --field-selector "involvedObject.name=$CTL_NODE,reason=LabelsApplied" -o name | matches . || fail "no LabelsApplied event on GpuNode $CTL_NODE"
   grep -q 'node labels applied' "$LOGS/controller-$leader.log" || fail "the leader logged no label apply"
   ! grep -qE 'node labels applied|conditions applied' "$LOGS/controller-$standby.log" || fail "the standby acted"
   echo "  $(kc get node "$CTL_NODE" -o jsonpath='{.metadata.labels}')"
@@ -797,7 +797,7 @@ scenario_controller_stale() {  # no heartbeat for MOCKGPU_STALE_AFTER: Stale=Tru
   wait_for 20 "Stale=False" ctl_cond_is Stale False
   wait_for $(( CTL_STALE + 15 )) "Stale=True" ctl_cond_is Stale True || fail "Stale is '$(ctl_cond Stale)' $(( CTL_STALE + 15 )) s after the last heartbeat"
   timing controller-stale "$(ms "$t") ms from the last heartbeat to Stale=True (stale after $CTL_STALE s)"
-  kc get events -n default --field-selector "involvedObject.name=$CTL_NODE,reason=HeartbeatLost" -o name | grep -q . || fail "no HeartbeatLost event"
+  kc get events -n default --field-selector "involvedObject.name=$CTL_NODE,reason=HeartbeatLost" -o name | matches . || fail "no HeartbeatLost event"
   [ "$(ctl_cond InjectionMissing)" = Unknown ] || fail "InjectionMissing is '$(ctl_cond InjectionMissing)' on a stale node, want Unknown"
   ctl_heartbeat
   wait_for 20 "Stale=False again" ctl_cond_is Stale False || fail "Stale is '$(ctl_cond Stale)' after a new heartbeat"
@@ -850,7 +850,7 @@ scenario_controller_gpunode_deleted() {  # no GpuNode: our labels go, the node's
     [ -z "$(ctl_label "$k")" ] || fail "label $k left on $CTL_NODE"
   done
   ctl_label_is kubernetes.io/hostname "$CTL_NODE" || fail "the node's own label is gone"
-  kc get events -n default --field-selector "involvedObject.name=$CTL_NODE,reason=LabelsRemoved" -o name | grep -q . || fail "no LabelsRemoved event on node $CTL_NODE"
+  kc get events -n default --field-selector "involvedObject.name=$CTL_NODE,reason=LabelsRemoved" -o name | matches . || fail "no LabelsRemoved event on node $CTL_NODE"
   stop_kinds TERM controller-ctl-a controller-ctl-b
   [ -z "$(ctl_holder)" ] || fail "the lease is still held by '$(ctl_holder)' after both replicas stopped"
   kc delete node "$CTL_NODE" > /dev/null
@@ -1455,7 +1455,7 @@ chart_logs() {  # what helps when a rollout of the chart fails
 slurmd_uid() { kc -n "$SLINKY_NS" get pods -l "app.kubernetes.io/name=slurmd" -o jsonpath='{.items[*].metadata.uid}'; }
 slinky_node_gres_is() { [ "$(ctld sinfo -h -N -o '%N %T %G')" = "$NODE idle $1" ]; }
 gn_events() { kc get events -A --field-selector "involvedObject.kind=GpuNode,involvedObject.name=$NODE" -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}'; }
-gn_event_seen() { gn_events | grep -qx "$1"; }
+gn_event_seen() { gn_events | matches -x "$1"; }
 remediated() { gn_event_seen SlurmNodeDeleted && gn_event_seen PodDeleted; }
 gn_profile_is() { [ "$(gn '{.spec.profile}')" = "$1" ]; }
 scenario_chart_slinky() {

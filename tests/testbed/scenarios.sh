@@ -358,11 +358,11 @@ scenario_live_change() {
   timing live-change-2-to-4 "$(ms "$t") ms"
 }
 
-agent_logged() { tail -n +"$1" "$LOGS/agent.log" | grep -q -F "$2"; }  # agent_logged <first line> <text>
+agent_logged() { tail -n +"$1" "$LOGS/agent.log" | matches -F "$2"; }  # agent_logged <first line> <text>
 
 log_ms() {  # log_ms <log> <first line> <text>: the time (ms since the epoch) of the first line from
   # <first line> on that contains <text>, from its tracing timestamp
-  local ts; ts=$(tail -n +"$2" "$1" | grep -m1 -F "$3" | awk '{print $1}')
+  local ts; ts=$(tail -n +"$2" "$1" | grep -F "$3" | awk 'NR == 1 {print $1}')   # (no -m1: see matches)
   [ -n "$ts" ] && date -d "$ts" +%s%3N
 }
 

@@ -71,6 +71,9 @@ T0=$(date +%s%N)
 ms()   { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 log()  { printf '[%s +%5.1fs] %s\n' "$(date +%T)" "$(( ($(date +%s%N) - T0) / 1000000 ))e-3" "$*"; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# matches <grep args>: grep that reads all its input. `cmd | grep -q` may exit at the first match
+# while cmd still writes; cmd then dies of SIGPIPE and, under pipefail, the pipeline fails.
+matches() { grep "$@" > /dev/null; }
 timing() { echo "TIMING $1: $2" | tee -a "$LOGS/timings.txt"; }   # timing <what> <value>
 
 umount_under() {  # umount_under <dir>: every mount at or below dir, deepest first
@@ -337,7 +340,7 @@ phase_up() {
     innode ctr -n k8s.io images import /var/lib/mgtb/product.tar > /dev/null
     for img in "$REPO"/images/*.Dockerfile; do want="$want mockgpu-$(basename "$img" .Dockerfile)"; done
   fi
-  imgs=$(innode ctr -n k8s.io images ls -q)   # (no `| grep -q`: SIGPIPE + pipefail)
+  imgs=$(innode ctr -n k8s.io images ls -q)   # (no `| grep -q`: see matches)
   for img in $want; do
     grep -qx "localhost/$img:1" <<< "$imgs" || fail "image localhost/$img:1 not imported"
   done
