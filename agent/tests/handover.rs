@@ -191,14 +191,22 @@ impl Setup {
     }
 }
 
-#[test]
-fn reads_never_fail_across_agent_restarts_and_a_keeper_handover() {
+/// Runs `test` in a private mount namespace with the first agent serving (its keeper is
+/// `procs.0[1]`), in a temporary directory.
+fn with_first_agent(test: impl FnOnce(&Setup, &mut Procs, Child) + Send) {
     let dir = tempfile::tempdir().unwrap();
     let setup = Setup::new(dir.path());
-    let mnt = setup.mount_point();
     in_private_namespace(|| {
         let mut procs = Procs::default();
-        let mut agent = setup.first_agent(&mut procs);
+        let agent = setup.first_agent(&mut procs);
+        test(&setup, &mut procs, agent);
+    })
+}
+
+#[test]
+fn reads_never_fail_across_agent_restarts_and_a_keeper_handover() {
+    with_first_agent(|setup, procs, mut agent| {
+        let mnt = setup.mount_point();
         let keeper = procs.0[1];
 
         let stop = Arc::new(AtomicBool::new(false));
@@ -221,11 +229,11 @@ fn reads_never_fail_across_agent_restarts_and_a_keeper_handover() {
             n
         };
         for _ in 0..10 {
-            restart(Signal::SIGTERM, &mut agent, &mut procs);
+            restart(Signal::SIGTERM, &mut agent, procs);
         }
         let mut last = 0;
         for _ in 0..10 {
-            last = restart(Signal::SIGKILL, &mut agent, &mut procs);
+            last = restart(Signal::SIGKILL, &mut agent, procs);
         }
         let log = setup.log(&format!("agent-{last}"));
         assert!(log.contains("connected to the running keeper"), "{log}");
@@ -245,7 +253,7 @@ fn reads_never_fail_across_agent_restarts_and_a_keeper_handover() {
                 .contains("took the FUSE connection over")
         });
         // The agent kept its connection; one more crash goes to the new keeper.
-        restart(Signal::SIGKILL, &mut agent, &mut procs);
+        restart(Signal::SIGKILL, &mut agent, procs);
         stop.store(true, Ordering::Relaxed);
         let reads = reading.join().unwrap();
         println!(
@@ -282,12 +290,8 @@ fn keeper_help_names_the_socket_and_the_handover() {
 
 #[test]
 fn a_killed_keeper_ends_the_agent_and_the_next_agent_mounts_afresh() {
-    let dir = tempfile::tempdir().unwrap();
-    let setup = Setup::new(dir.path());
-    let mnt = setup.mount_point();
-    in_private_namespace(|| {
-        let mut procs = Procs::default();
-        let mut agent = setup.first_agent(&mut procs);
+    with_first_agent(|setup, procs, mut agent| {
+        let mnt = setup.mount_point();
         let keeper = procs.0[1];
 
         // The connection dies with its last descriptor: what needs the agent fails.
@@ -342,12 +346,8 @@ fn listed(mnt: &Path) -> (Vec<String>, Vec<String>) {
 
 #[test]
 fn a_successor_with_another_profile_is_seen_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let setup = Setup::new(dir.path());
-    let mnt = setup.mount_point();
-    in_private_namespace(|| {
-        let mut procs = Procs::default();
-        let mut first = setup.first_agent(&mut procs);
+    with_first_agent(|setup, procs, mut first| {
+        let mnt = setup.mount_point();
         let (before, models) = listed(&mnt);
         assert_eq!(before.len(), 4);
         assert!(models.iter().all(|m| m.contains("GB300")), "{models:?}");

@@ -1311,10 +1311,12 @@ CHART_TB_VALUES=(--set agent.image.repository=localhost/mockgpu-agent --set-stri
   --set 'controller.extraEnv[0].name=KUBERNETES_SERVICE_HOST' --set-string 'controller.extraEnv[0].value=127.0.0.1'
   --set 'controller.extraEnv[1].name=KUBERNETES_SERVICE_PORT' --set-string 'controller.extraEnv[1].value=6443')
 
-# readme_cmd <prefix>: the words (shell quoting undone) of the README's command line that starts
-# with <prefix>: the test bed runs the guide's commands as the README writes them
+# readme_line <prefix>: the README's first line that starts with <prefix>: the test bed runs the
+# guide's commands as the README writes them
+readme_line() { grep -m1 -- "^$1" "$REPO/README.md" || fail "README.md has no command line starting with '$1'"; }
+# readme_cmd <prefix>: the words of that line, shell quoting undone
 readme_cmd() {
-  local line; line=$(grep -m1 -- "^$1" "$REPO/README.md") || fail "README.md has no command line starting with '$1'"
+  local line; line=$(readme_line "$1") || exit 1
   python3 -c 'import shlex, sys; sys.stdout.write("".join(w + "\0" for w in shlex.split(sys.argv[1])))' "$line"
 }
 # guide <prefix> [more args]: that command, helm as `hc` and kubectl as `kc`, from the repository root
@@ -1331,7 +1333,7 @@ guide() {
 # guide_sh <prefix>: that command line as a shell runs it ($(...) and all), helm and kubectl
 # being `hc` and `kc`
 guide_sh() {
-  local line; line=$(grep -m1 -- "^$1" "$REPO/README.md") || fail "README.md has no command line starting with '$1'"
+  local line; line=$(readme_line "$1") || exit 1
   (cd "$REPO" && helm() { hc "$@"; } && kubectl() { kc "$@"; } && eval "$line")
 }
 

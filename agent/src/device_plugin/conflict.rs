@@ -97,9 +97,8 @@ pub async fn predecessor_gone(
     }
     tracing::info!(socket = %socket.display(), "another mockgpu agent serves the device plugin here (the one this agent replaces): waiting for it to stop");
     loop {
-        tokio::select! {
-            () = shutdown.as_mut() => return false,
-            () = tokio::time::sleep(poll) => {}
+        if !pause(&mut shutdown, poll).await {
+            return false;
         }
         if live_devices(socket).await.is_none() {
             break;
@@ -111,13 +110,23 @@ pub async fn predecessor_gone(
         if !socket.exists() {
             break;
         }
-        tokio::select! {
-            () = shutdown.as_mut() => return false,
-            () = tokio::time::sleep(poll) => {}
+        if !pause(&mut shutdown, poll).await {
+            return false;
         }
     }
     tracing::info!("the previous agent's device plugin stopped: serving it here");
     true
+}
+
+/// Sleeps `poll`; false when `shutdown` comes first.
+async fn pause(
+    shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    poll: Duration,
+) -> bool {
+    tokio::select! {
+        () = shutdown.as_mut() => false,
+        () = tokio::time::sleep(poll) => true,
+    }
 }
 
 /// Fails when a live plugin other than mockgpu's serves `resource` in `dir`; `endpoint` is this
