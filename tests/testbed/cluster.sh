@@ -643,6 +643,16 @@ scenario_dp_kubelet_restart() {  # a restarted kubelet: the plugin registers aga
 # account's token and the least privilege the chart grants; a fake Node of our own with a GpuNode
 # whose heartbeats the steps write (the agent's GpuNode of node0 is the agent's business)
 
+# chart_rbac <agent|controller> <namespace>: that component's service account and roles as the
+# chart makes them (release mockgpu), applied by kubectl: the steps before chart-install run the
+# binaries as host processes with the chart's own least privilege
+chart_rbac() {
+  kc create namespace "$2" --dry-run=client -o yaml | kc apply -f - > /dev/null
+  hc template mockgpu "$REPO/charts/mockgpu" --namespace "$2" --show-only "templates/$1-rbac.yaml" > "$ST/$1-rbac.yaml" \
+    || fail "helm template of the chart's $1 RBAC"
+  kc apply -f "$ST/$1-rbac.yaml" > /dev/null
+}
+
 CONTROLLER_BIN=${CONTROLLER_BIN:-$(dirname "$AGENT_BIN")/mockgpu-controller}
 CTL_NS=mockgpu-system
 CTL_SA=system:serviceaccount:$CTL_NS:mockgpu-controller
@@ -686,43 +696,7 @@ ctl_gpunode() { gpunode_yaml "$CTL_NODE" "$@" | kc apply -f - > /dev/null; }   #
 scenario_controller_rbac() {  # the CRD, the service account, its roles, a token kubeconfig; can-i
   "$CONTROLLER_BIN" crd | kc apply -f - > /dev/null
   kc wait --for=condition=Established crd/gpunodes.mockgpu.io --timeout=60s > /dev/null
-  kc apply -f - > /dev/null <<EOF
-apiVersion: v1
-kind: Namespace
-metadata: {name: $CTL_NS}
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: mockgpu-controller, namespace: $CTL_NS}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: mockgpu-controller}
-rules:
-- {apiGroups: [mockgpu.io], resources: [gpunodes], verbs: [get, list, watch]}
-- {apiGroups: [mockgpu.io], resources: [gpunodes/status], verbs: [patch, update]}
-- {apiGroups: [""], resources: [nodes], verbs: [get, list, watch, patch]}
-- {apiGroups: [""], resources: [pods], verbs: [get, list, watch, delete]}
-- {apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: mockgpu-controller}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: mockgpu-controller}
-subjects: [{kind: ServiceAccount, name: mockgpu-controller, namespace: $CTL_NS}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: mockgpu-controller-lease, namespace: $CTL_NS}
-rules:
-- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, create, update]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: mockgpu-controller-lease, namespace: $CTL_NS}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: mockgpu-controller-lease}
-subjects: [{kind: ServiceAccount, name: mockgpu-controller, namespace: $CTL_NS}]
-EOF
+  chart_rbac controller "$CTL_NS"
   local token; token=$(kc -n "$CTL_NS" create token mockgpu-controller --duration=2h)
   kubeconfig "$ST/controller.kubeconfig" mockgpu-controller "$token"
   local v want got bad=""
@@ -1185,30 +1159,7 @@ scenario_gpunode_setup() {  # the CRD, the agent's service account and RBAC; the
   fi
   kc apply -f "$REPO/charts/mockgpu/crds/gpunodes.mockgpu.io.yaml" > /dev/null
   kc wait --for=condition=Established crd/gpunodes.mockgpu.io --timeout=60s > /dev/null
-  kc apply -f - > /dev/null <<EOF
-apiVersion: v1
-kind: Namespace
-metadata: {name: $AGENT_SA_NS}
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: $AGENT_SA, namespace: $AGENT_SA_NS}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: $AGENT_SA}
-rules:
-- {apiGroups: [mockgpu.io], resources: [gpunodes], verbs: [get, create, patch, update]}
-- {apiGroups: [mockgpu.io], resources: [gpunodes/status], verbs: [get, patch, update]}
-- {apiGroups: [""], resources: [nodes], verbs: [get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: $AGENT_SA}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: $AGENT_SA}
-subjects:
-- {kind: ServiceAccount, name: $AGENT_SA, namespace: $AGENT_SA_NS}
-EOF
+  chart_rbac agent "$AGENT_SA_NS"
   local token; token=$(kc -n "$AGENT_SA_NS" create token "$AGENT_SA" --duration=2h)
   agent_kubeconfig "$token"
   # real RBAC: the token may read its node and write GpuNodes, nothing else
@@ -1517,48 +1468,41 @@ scenario_chart_uninstall() {  # `helm uninstall` leaves no mount, device node or
   echo "  uninstalled: no FUSE mount, no device node under /run/mockgpu, no mockgpu label on $NODE"
 }
 
-# cstep <name> <function>: a cluster step. CLUSTER_STEPS="<name> ..." runs only those, for work
-# on a few (a step may need what earlier ones leave: the product images, the chart installed)
-cstep() {
-  if [ -z "${CLUSTER_STEPS:-}" ] || [[ " $CLUSTER_STEPS " == *" $1 "* ]]; then step "$@"
-  else log "$1: not in CLUSTER_STEPS"; fi
-}
-
 run_cluster_scenarios() {
-  cstep node-ready scenario_node_ready
-  cstep pod-daemonset-exec scenario_workloads
-  cstep crd-admission-policy scenario_policy
-  cstep helm scenario_helm
-  cstep chart-dry-run scenario_chart_dry_run
-  cstep product-images scenario_product_images
-  cstep device-plugin-socket scenario_device_plugin_socket
-  cstep gpu-pod-injected scenario_gpu_pod
-  cstep dp-registered scenario_dp_registered
-  cstep gpunode-setup scenario_gpunode_setup
-  cstep gpunode-reported scenario_gpunode_reported
-  cstep dp-pod-2-gpus scenario_dp_pod
-  cstep gpunode-held scenario_gpunode_held
-  cstep dp-pod-5-pending scenario_dp_too_many
-  cstep dp-failed-gpu scenario_dp_failed_gpu
-  cstep dp-kubelet-restart scenario_dp_kubelet_restart
-  cstep gpunode-topology scenario_gpunode_topology
-  cstep gpunode-recreated scenario_gpunode_recreated
-  cstep gpunode-heartbeat scenario_gpunode_heartbeat
-  cstep controller-rbac scenario_controller_rbac
-  cstep controller-leader scenario_controller_leader
-  cstep controller-labels scenario_controller_labels
-  cstep controller-stale scenario_controller_stale
-  cstep controller-failover scenario_controller_failover
-  cstep controller-apiserver-restart scenario_controller_apiserver_restart
-  cstep controller-gpunode-deleted scenario_controller_gpunode_deleted
-  if slinky_supported; then cstep slinky-slurm scenario_slinky_slurm
+  sstep node-ready scenario_node_ready
+  sstep pod-daemonset-exec scenario_workloads
+  sstep crd-admission-policy scenario_policy
+  sstep helm scenario_helm
+  sstep chart-dry-run scenario_chart_dry_run
+  sstep product-images scenario_product_images
+  sstep device-plugin-socket scenario_device_plugin_socket
+  sstep gpu-pod-injected scenario_gpu_pod
+  sstep dp-registered scenario_dp_registered
+  sstep gpunode-setup scenario_gpunode_setup
+  sstep gpunode-reported scenario_gpunode_reported
+  sstep dp-pod-2-gpus scenario_dp_pod
+  sstep gpunode-held scenario_gpunode_held
+  sstep dp-pod-5-pending scenario_dp_too_many
+  sstep dp-failed-gpu scenario_dp_failed_gpu
+  sstep dp-kubelet-restart scenario_dp_kubelet_restart
+  sstep gpunode-topology scenario_gpunode_topology
+  sstep gpunode-recreated scenario_gpunode_recreated
+  sstep gpunode-heartbeat scenario_gpunode_heartbeat
+  sstep controller-rbac scenario_controller_rbac
+  sstep controller-leader scenario_controller_leader
+  sstep controller-labels scenario_controller_labels
+  sstep controller-stale scenario_controller_stale
+  sstep controller-failover scenario_controller_failover
+  sstep controller-apiserver-restart scenario_controller_apiserver_restart
+  sstep controller-gpunode-deleted scenario_controller_gpunode_deleted
+  if slinky_supported; then sstep slinky-slurm scenario_slinky_slurm
   else log "slinky-slurm: left out: the node root has Slurm $(innode slurmd -V | awk '{print $2}'), Slinky's operator supports 25.11 and later (SUITE=sid has 26.05)"; fi
-  cstep chart-install scenario_chart_install
+  sstep chart-install scenario_chart_install
   # (Slurm 24.11's dynamic nodes ignore autodetected GPUs that their --conf does not name: the
   # Slinky shape needs 25.11 or later there too)
-  if slinky_supported; then cstep chart-slinky-remediation scenario_chart_slinky
+  if slinky_supported; then sstep chart-slinky-remediation scenario_chart_slinky
   else log "chart-slinky-remediation: left out: Slurm $(innode slurmd -V | awk '{print $2}') ignores the GPUs a dynamic node autodetects (SUITE=sid has 26.05)"; fi
-  cstep chart-uninstall scenario_chart_uninstall
+  sstep chart-uninstall scenario_chart_uninstall
 }
 
 cluster_down() {  # (phase_down, first) the kubelet before the runtime, so that it restarts nothing

@@ -253,14 +253,14 @@ agent_up() {
 }
 
 run_scenarios() {
-  step seed-verification scenario_seed
-  step exec-slurmd scenario_exec_slurmd
-  step only-gpu-containers scenario_only_gpu
-  step consumers-lspci-hwloc scenario_consumers
-  step live-change scenario_live_change
-  step agent-restart scenario_agent_restart
-  step runtime-restart scenario_runtime_restart
-  step slurmrestd-delete-node scenario_slurmrestd
+  sstep seed-verification scenario_seed
+  sstep exec-slurmd scenario_exec_slurmd
+  sstep only-gpu-containers scenario_only_gpu
+  sstep consumers-lspci-hwloc scenario_consumers
+  sstep live-change scenario_live_change
+  sstep agent-restart scenario_agent_restart
+  sstep runtime-restart scenario_runtime_restart
+  sstep slurmrestd-delete-node scenario_slurmrestd
 }
 
 scenario_seed() {

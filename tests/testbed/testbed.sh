@@ -28,7 +28,7 @@
 #      CRI_BIN, AGENT_BIN, CONTROLLER_BIN (built binaries, default target/release; the agent
 #      carries the shim),
 #      AGENT_ARGS (extra `serve` flags), LAT_N (20), AGENT_RESTART_PAUSE (0 s),
-#      STEPS (a subset of the `all` steps, in order).
+#      STEPS (a subset of the `all` steps, in order), SCENARIOS (a subset of the scenario steps).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -436,6 +436,13 @@ step() {  # step <name> <function>: run in a subshell (its `fail` ends only the 
   if [ $rc = 0 ]; then PASSED=$((PASSED + 1)); echo "PASS $1 ($(ms "$t") ms)" | tee -a "$LOGS/summary.txt"
   else FAILED=$((FAILED + 1)); FAILED_NAMES+=("$1"); echo "FAIL $1 ($(ms "$t") ms)" | tee -a "$LOGS/summary.txt"; fi
   return 0
+}
+
+# sstep <name> <function>: a scenario step. SCENARIOS="<name> ..." runs only those, for work on a
+# few (a step may need what earlier ones leave: the slurmd container, the chart installed)
+sstep() {
+  if [ -z "${SCENARIOS:-}" ] || [[ " $SCENARIOS " == *" $1 "* ]]; then step "$@"
+  else log "$1: not in SCENARIOS"; fi
 }
 
 phase_all() {
