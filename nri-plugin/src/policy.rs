@@ -277,32 +277,36 @@ pub fn adjustment(
 ) -> ContainerAdjustment {
     let layout = config.layout();
     let mut adjust = ContainerAdjustment::new();
-    adjust.mounts.push(mount(
-        layout.host_dir(),
-        layout.container_dir(),
-        &["rbind", "rslave", "ro"],
-    ));
+    set_mount(
+        &mut adjust,
+        mount(
+            layout.host_dir(),
+            layout.container_dir(),
+            &["rbind", "rslave", "ro"],
+        ),
+    );
     if config.ld_so_preload {
-        adjust.mounts.push(mount(
-            &layout.ld_so_preload(),
-            Path::new("/etc/ld.so.preload"),
-            &["bind", "ro"],
-        ));
+        set_mount(
+            &mut adjust,
+            mount(
+                &layout.ld_so_preload(),
+                Path::new("/etc/ld.so.preload"),
+                &["bind", "ro"],
+            ),
+        );
     }
     let shim = layout.container_shim().display().to_string();
     let existing = env_value(&container.env, "LD_PRELOAD");
-    // Remove first, then set: this overrides an earlier plugin's value without an ownership
-    // conflict (the runtime's merge clears the claim on removal).
-    adjust.env.push(key_value("-LD_PRELOAD", ""));
-    adjust
-        .env
-        .push(key_value("LD_PRELOAD", &preload_value(existing, &shim)));
+    set_env(&mut adjust, "LD_PRELOAD", &preload_value(existing, &shim));
     if !layout.container_root_is_default() {
-        adjust.env.push(key_value(
+        set_env(
+            &mut adjust,
             "MOCKFS_ROOT",
             &layout.container_root().display().to_string(),
-        ));
+        );
     }
+    // Devices need no removal: a later plugin sees an earlier one's devices in `container`
+    // and adds none of them again.
     let present: Vec<&str> = container
         .linux
         .as_ref()
@@ -342,6 +346,22 @@ fn mount(source: &Path, destination: &Path, options: &[&str]) -> Mount {
     m.type_ = "bind".into();
     m.options = options.iter().map(|o| (*o).to_owned()).collect();
     m
+}
+
+// Each mount and variable is removed first, then set: the runtime's merge clears the claim on
+// removal, so a second plugin that sets the same one (the other agent's, while a rollout runs
+// two) overrides it instead of failing the container's creation ("plugins ... both tried to set").
+
+fn set_mount(adjust: &mut ContainerAdjustment, m: Mount) {
+    let mut removal = Mount::new();
+    removal.destination = format!("-{}", m.destination);
+    adjust.mounts.push(removal);
+    adjust.mounts.push(m);
+}
+
+fn set_env(adjust: &mut ContainerAdjustment, key: &str, value: &str) {
+    adjust.env.push(key_value(&format!("-{key}"), ""));
+    adjust.env.push(key_value(key, value));
 }
 
 fn key_value(key: &str, value: &str) -> KeyValue {
@@ -568,18 +588,23 @@ mod tests {
         let inv = inventory().0.unwrap();
         let gpus = &inv.gpus[..2];
         let a = adjustment(&c, &cfg(), gpus, &numbers());
-        assert_eq!(a.mounts.len(), 2);
+        let mounts: Vec<(&str, &str, &str)> = a
+            .mounts
+            .iter()
+            .map(|m| (m.source.as_str(), m.destination.as_str(), m.type_.as_str()))
+            .collect();
+        // each removed first: another plugin's same mount is overridden, not a conflict
         assert_eq!(
-            (
-                a.mounts[0].source.as_str(),
-                a.mounts[0].destination.as_str(),
-                a.mounts[0].type_.as_str()
-            ),
-            ("/run/mockgpu", "/run/mockgpu", "bind")
+            mounts,
+            [
+                ("", "-/run/mockgpu", ""),
+                ("/run/mockgpu", "/run/mockgpu", "bind"),
+                ("", "-/etc/ld.so.preload", ""),
+                ("/run/mockgpu/ld.so.preload", "/etc/ld.so.preload", "bind")
+            ]
         );
-        assert_eq!(a.mounts[0].options, ["rbind", "rslave", "ro"]);
-        assert_eq!(a.mounts[1].source, "/run/mockgpu/ld.so.preload");
-        assert_eq!(a.mounts[1].destination, "/etc/ld.so.preload");
+        assert_eq!(a.mounts[1].options, ["rbind", "rslave", "ro"]);
+        assert_eq!(a.mounts[3].options, ["bind", "ro"]);
         let env: Vec<(&str, &str)> = a
             .env
             .iter()
@@ -622,8 +647,9 @@ mod tests {
         config.host_dir = "/var/lib/mock".into();
         config.ld_so_preload = false;
         let a = adjustment(&container("c", &[], &[], &[]), &config, &[], &numbers());
-        assert_eq!(a.mounts.len(), 1);
-        assert_eq!(a.mounts[0].source, "/var/lib/mock");
+        assert_eq!(a.mounts.len(), 2);
+        assert_eq!(a.mounts[0].destination, "-/opt/mock");
+        assert_eq!(a.mounts[1].source, "/var/lib/mock");
         assert!(
             a.env
                 .iter()
@@ -634,6 +660,42 @@ mod tests {
                 .iter()
                 .any(|kv| kv.key == "MOCKFS_ROOT" && kv.value == "/opt/mock/fs")
         );
+        let keys: Vec<&str> = a.env.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["-LD_PRELOAD", "LD_PRELOAD", "-MOCKFS_ROOT", "MOCKFS_ROOT"]
+        );
+    }
+
+    #[test]
+    fn a_second_plugin_after_the_first_adds_no_device_and_keeps_the_preload() {
+        // the runtime hands the next plugin the container as the first one's adjustment left it
+        let inv = inventory().0.unwrap();
+        let gpus = &inv.gpus[..2];
+        let first = adjustment(
+            &container("c", &["LD_PRELOAD=/other.so"], &["/dev/nvidia0"], &[]),
+            &cfg(),
+            gpus,
+            &numbers(),
+        );
+        let preload = |a: &ContainerAdjustment| {
+            a.env
+                .iter()
+                .find(|kv| kv.key == "LD_PRELOAD")
+                .map(|kv| format!("LD_PRELOAD={}", kv.value))
+                .unwrap()
+        };
+        let mut devices = vec!["/dev/nvidia0"];
+        devices.extend(first.linux.devices.iter().map(|d| d.path.as_str()));
+        let merged = container("c", &[preload(&first).as_str()], &devices, &[]);
+        let second = adjustment(&merged, &cfg(), gpus, &numbers());
+        assert!(
+            second.linux.devices.is_empty(),
+            "{:?}",
+            second.linux.devices
+        );
+        assert_eq!(preload(&second), preload(&first));
+        assert_eq!(second.mounts, first.mounts);
     }
 
     #[test]

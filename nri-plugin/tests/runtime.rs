@@ -63,12 +63,14 @@ fn assert_mounts(adjust: &ContainerAdjustment) {
     assert_eq!(
         m,
         [
+            ("", "-/run/mockgpu", "", String::new()),
             (
                 "/run/mockgpu",
                 "/run/mockgpu",
                 "bind",
                 "rbind,rslave,ro".to_owned()
             ),
+            ("", "-/etc/ld.so.preload", "", String::new()),
             (
                 "/run/mockgpu/ld.so.preload",
                 "/etc/ld.so.preload",
@@ -573,9 +575,9 @@ async fn preinstalled_binary_on_fd_3() {
     let slurmd = container(&p, "slurmd", &[], &["/dev/nvidia0", "/dev/nvidia1"], &[]);
     let reply = conn.create(&p, &slurmd).await.unwrap();
     let adjust = injected(&reply);
-    assert_eq!(adjust.mounts[0].source, "/srv/mockgpu");
-    assert_eq!(adjust.mounts[1].source, "/srv/mockgpu/ld.so.preload");
-    assert_eq!(adjust.mounts[0].destination, "/run/mockgpu");
+    assert_eq!(adjust.mounts[1].source, "/srv/mockgpu");
+    assert_eq!(adjust.mounts[3].source, "/srv/mockgpu/ld.so.preload");
+    assert_eq!(adjust.mounts[1].destination, "/run/mockgpu");
     assert_eq!(devices_of(adjust)[0], dev("/dev/nvidiactl", 195, 255));
     conn.assert_frames_fit();
     // The plugin bound port 0 and logged the address it got.

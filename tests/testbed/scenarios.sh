@@ -259,6 +259,7 @@ run_scenarios() {
   sstep consumers-lspci-hwloc scenario_consumers
   sstep live-change scenario_live_change
   sstep agent-restart scenario_agent_restart
+  sstep agent-surge scenario_agent_surge
   sstep runtime-restart scenario_runtime_restart
   sstep slurmrestd-delete-node scenario_slurmrestd
 }
@@ -406,6 +407,32 @@ scenario_agent_restart() {
   [ "$fails" = 0 ] || fail "$fails reads failed inside the container across the agent restarts"
   local s; s=$(srun_ ls /proc/driver/nvidia/gpus | grep -c .) || fail "srun after the agent restart"
   [ "$s" = 4 ] || fail "a job after the agent restart sees $s GPUs"
+}
+
+injections_of() { tail -n +"$1" "$LOGS/agent.log" | grep -c "injected the mock pod=$2 " || true; }  # injections_of <first line> <pod>
+
+scenario_agent_surge() {
+  # A rollout (maxSurge) starts the new agent beside the old one: until the old one stops, both
+  # agents' NRI plugins adjust every GPU container, and the runtime fails the creation when two
+  # plugins set the same mount, env or device without removing it first.
+  local old n0 l0 n; old=$(cat "$ST/agent.pid"); n0=$(nri_lines); l0=$(( $(wc -l < "$LOGS/agent.log") + 1 ))
+  start_agent
+  wait_for 30 "the second agent registered with the runtime" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
+  wait_for 10 "the second agent to join the keeper" agent_logged "$l0" 'connected to the running keeper' || { tail -20 "$LOGS/agent.log"; exit 1; }
+  alive "$old" || fail "the first agent stopped when the second started"
+  ctr_up surge --pod surge-0 --name main --device /dev/null:/dev/nvidia1 -- /bin/sleep 3600
+  assert_injected surge 1
+  n=$(injections_of "$l0" surge-0)
+  [ "$n" = 2 ] || fail "the container was adjusted by $n plugins, want both agents' 2"
+  echo "  a GPU container created while two agents' NRI plugins are registered: adjusted by both, created, injected"
+  # the old agent leaves; the new one injects alone
+  kill -TERM "$old"
+  wait_for 15 "the first agent to stop" gone "$old" || fail "the first agent did not stop on SIGTERM"
+  ctr_up surge-after --pod surge-1 --name main --device /dev/null:/dev/nvidia2 -- /bin/sleep 3600
+  assert_injected surge-after 2
+  n=$(injections_of "$l0" surge-1)
+  [ "$n" = 1 ] || fail "after the first agent stopped, the container was adjusted by $n plugins, want 1"
+  cri down surge-0 surge-1 > /dev/null
 }
 
 scenario_runtime_restart() {

@@ -102,6 +102,7 @@ pstart() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; s=${s##*) 
 track()  { local st; st=$(pstart "$2"); echo "$1 $2 ${st:--}" >> "$PIDS"; }
 ours()   { [ -n "${2:-}" ] && [ "$(pstart "$1")" = "$2" ]; }
 alive()  { [ -n "$(pstart "$1")" ]; }
+gone()   { ! alive "$1"; }
 stop_kinds() {  # stop_kinds SIG <kind>...: signal our live processes of those kinds, wait <= 10 s
   local sig=$1 k p st ps=(); shift
   for k in "$@"; do
