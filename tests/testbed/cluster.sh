@@ -1385,7 +1385,7 @@ scenario_chart_install() {
   t=$(date +%s%N)
   guide "helm test mockgpu " > "$ST/helm-test.txt" 2>&1 || { cat "$ST/helm-test.txt"; fail "helm test (mockgpu-agent doctor)"; }
   timing chart-helm-test "$(ms "$t") ms"
-  sed -n '/POD LOGS/,$p' "$ST/helm-test.txt" | sed 's/^/  /' | head -30
+  awk '/POD LOGS/ {f = 1} f && n++ < 30 {print "  " $0}' "$ST/helm-test.txt"   # (no `| head`: see matches)
   trap 'vap_down' EXIT
   chart_admission_policy
   trap - EXIT
