@@ -134,6 +134,10 @@ pub struct GpuNodeStatus {
     /// The reporting agent's version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_version: Option<String>,
+    /// The reporting agent process (random at each start). A stopping agent sends its last
+    /// report only while this is still its own: in a rollout its successor reports by then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_instance: Option<String>,
     /// When the agent last reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat: Option<Time>,

@@ -1171,10 +1171,15 @@ scenario_gpunode_setup() {  # the CRD, the agent's service account and RBAC; the
   grep -q Forbidden <<< "$out" || fail "deleting a GpuNode as the agent: $out"
   echo "  CRD gpunodes.mockgpu.io established; $AGENT_USER may get nodes and write gpunodes; listing pods, deleting gpunodes: Forbidden"
   stop_kinds TERM agent
-  local n0 t; n0=$(nri_lines); t=$(date +%s%N)
+  local t; t=$(date +%s%N)
+  start_reporting_agent
+  timing agent-ready-reporting "$(ms "$t") ms"
+}
+
+start_reporting_agent() {  # the host agent with its credentials, ready, its GPUs allocatable
+  local n0; n0=$(nri_lines)
   AGENT_ARGS="$AGENT_ARGS $REPORT_ARGS" start_agent
   wait_for 30 "agent ready with credentials" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
-  timing agent-ready-reporting "$(ms "$t") ms"
   wait_for 60 "allocatable $RES = 4 again" allocatable_is 4 || fail "allocatable $RES is '$(allocatable)' after the agent restart"
 }
 
@@ -1244,6 +1249,38 @@ scenario_gpunode_heartbeat() {  # lastHeartbeat advances (--heartbeat 3)
   wait_for 15 "a lastHeartbeat after $b0" gn_beat_after "$b0" || fail "lastHeartbeat stayed $b0 for 15 s"
   timing gpunode-heartbeat "$(ms "$t") ms"
   echo "  lastHeartbeat $b0 -> $(gn '{.status.lastHeartbeat}') (agent $(gn '{.status.agentVersion}'))"
+}
+
+gn_ready_is() { [ "$(gn '{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].reason}')" = "$1" ]; }
+gn_instance_not() { local i; i=$(gn '{.status.agentInstance}') && [ -n "$i" ] && [[ " $* " != *" $i "* ]]; }
+gn_reported_anew() { gn_instance_not "$@" && gn_ready_is "True TreeMounted"; }   # gn_reported_anew <old instances>
+
+scenario_gpunode_last_report() {  # a stopping agent reports Ready False, unless a successor reports
+  local first second l0
+  first=$(gn '{.status.agentInstance}'); [ -n "$first" ] || fail "the GpuNode's status names no agentInstance"
+  stop_kinds TERM agent
+  gn_ready_is "False AgentStopped" || fail "Ready after the agent stopped: $(gn '{.status.conditions}')"
+  start_reporting_agent
+  wait_for 30 "GpuNode $NODE reported by a new agent" gn_reported_anew "$first" || fail "no report of the new agent: $(gn '{.status}')"
+  second=$(gn '{.status.agentInstance}')
+  # a rollout's successor has reported (as the agent's field manager); then the old agent stops
+  kc apply --server-side --force-conflicts --field-manager=mockgpu-agent --subresource=status -f - > /dev/null <<EOF
+apiVersion: mockgpu.io/v1alpha1
+kind: GpuNode
+metadata: {name: $NODE}
+status:
+  agentInstance: mgtb-successor
+  conditions:
+  - {type: Ready, status: "True", reason: Successor, message: a rollout's new agent, lastTransitionTime: "$(date -u +%Y-%m-%dT%H:%M:%SZ)"}
+EOF
+  l0=$(wc -l < "$LOGS/agent.log")
+  stop_kinds TERM agent
+  log_since "$LOGS/agent.log" "$l0" 'another agent reports the GpuNode now' || fail "the stopping agent did not see the successor: $(tail -n +"$l0" "$LOGS/agent.log" | tail -5)"
+  [ "$(gn '{.status.agentInstance}')" = mgtb-successor ] && gn_ready_is "True Successor" \
+    || fail "the stopping agent overwrote its successor's report: $(gn '{.status}')"
+  echo "  alone, the stopping agent reported Ready False AgentStopped; after a successor's report it left the GpuNode to it"
+  start_reporting_agent
+  wait_for 30 "GpuNode $NODE reported by the next agent" gn_reported_anew "$first" "$second" mgtb-successor || fail "no report of the next agent: $(gn '{.status}')"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -1488,6 +1525,7 @@ run_cluster_scenarios() {
   sstep gpunode-topology scenario_gpunode_topology
   sstep gpunode-recreated scenario_gpunode_recreated
   sstep gpunode-heartbeat scenario_gpunode_heartbeat
+  sstep gpunode-last-report scenario_gpunode_last_report
   sstep controller-rbac scenario_controller_rbac
   sstep controller-leader scenario_controller_leader
   sstep controller-labels scenario_controller_labels

@@ -84,11 +84,31 @@ pub fn gpunode(spec: mockgpu_api::gpunode::GpuNodeSpec, node_uid: &str) -> GpuNo
     object
 }
 
-/// A number in `[0, 1)`, different at each call (std's per-process random hash keys).
-fn random_unit() -> f64 {
+/// A number different at each call (std's per-process random hash keys).
+fn random_u64() -> u64 {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u64(u64::from(std::process::id()));
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+    hasher.finish()
+}
+
+/// A number in `[0, 1)`, different at each call.
+fn random_unit() -> f64 {
+    (random_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The status agent `instance` reports now, with `previous` as its base.
+fn agent_status(
+    instance: &str,
+    pinning: &PinningMap,
+    hash: &str,
+    readiness: &Readiness,
+    previous: &Previous,
+) -> GpuNodeStatus {
+    let now = Time(Timestamp::now());
+    let version = env!("CARGO_PKG_VERSION");
+    let mut status = status::status(hash, readiness, pinning, previous, version, &now);
+    status.agent_instance = Some(instance.to_string());
+    status
 }
 
 /// The reporter's memory of the API server: the Node's uid, the object's uid, and what was
@@ -102,6 +122,8 @@ struct Known {
 struct Reporter<A> {
     api: A,
     node_name: String,
+    /// This process's `agentInstance`.
+    instance: String,
     pinning: PinningMap,
     known: Option<Known>,
     reported_once: bool,
@@ -149,14 +171,12 @@ impl<A: GpuNodes> Reporter<A> {
             }
         }
         known.object_uid = Some(uid);
-        let now = Time(Timestamp::now());
-        let status = status::status(
+        let status = agent_status(
+            &self.instance,
+            &self.pinning,
             &hash,
             readiness,
-            &self.pinning,
             &known.previous,
-            env!("CARGO_PKG_VERSION"),
-            &now,
         );
         self.api.apply_status(&self.node_name, &status).await?;
         if known.previous.topology_hash.as_deref() != Some(hash.as_str()) {
@@ -167,6 +187,31 @@ impl<A: GpuNodes> Reporter<A> {
         self.reported_once = true;
         known.previous = status::reported(&hash, &status);
         Ok(())
+    }
+
+    /// The last report of a stopping agent: `Ready` False, in the status alone, and only while
+    /// the status is still this agent's; whether it was sent. In a rollout the successor has
+    /// reported by then, and this report would bring back the old profile's spec and say
+    /// the node is not ready until the successor's next heartbeat.
+    async fn farewell(&mut self, served: &impl Served) -> Result<bool, ApiError> {
+        let Some(current) = self.api.get(&self.node_name).await? else {
+            return Ok(false);
+        };
+        let status = current.status.as_ref();
+        if status.and_then(|s| s.agent_instance.as_deref()) != Some(self.instance.as_str()) {
+            return Ok(false);
+        }
+        let previous = Previous::of(&current.spec, status);
+        let hash = served.spec(&self.node_name).topology_hash;
+        let status = agent_status(
+            &self.instance,
+            &self.pinning,
+            &hash,
+            &status::stopped(),
+            &previous,
+        );
+        self.api.apply_status(&self.node_name, &status).await?;
+        Ok(true)
     }
 }
 
@@ -184,6 +229,7 @@ pub async fn run<A: GpuNodes, S: Served>(
     let mut reporter = Reporter {
         api,
         node_name: config.node_name.clone(),
+        instance: format!("{:016x}", random_u64()),
         pinning: PinningMap::default(),
         known: None,
         reported_once: false,
@@ -239,8 +285,13 @@ pub async fn run<A: GpuNodes, S: Served>(
     }
     let last = served.borrow().clone();
     if let (Some(served), true) = (last, reporter.reported_once) {
-        match tokio::time::timeout(FAREWELL, reporter.report(&served, &status::stopped())).await {
-            Ok(Ok(())) => tracing::info!("GpuNode reported not Ready: the agent stops"),
+        match tokio::time::timeout(FAREWELL, reporter.farewell(&served)).await {
+            Ok(Ok(true)) => tracing::info!("GpuNode reported not Ready: the agent stops"),
+            Ok(Ok(false)) => {
+                tracing::info!(
+                    "another agent reports the GpuNode now (a rollout's successor): no last report"
+                );
+            }
             Ok(Err(error)) => tracing::warn!(%error, "cannot report the GpuNode not Ready"),
             Err(_) => tracing::warn!("the API server did not answer the last report in time"),
         }

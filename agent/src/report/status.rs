@@ -220,7 +220,8 @@ pub fn ready_condition(
     }
 }
 
-/// The agent's part of the status of a node whose spec hash is `hash`.
+/// The agent's part of the status of a node whose spec hash is `hash` (the reporter adds its
+/// `agentInstance`).
 pub fn status(
     hash: &str,
     readiness: &Readiness,
@@ -231,6 +232,7 @@ pub fn status(
 ) -> GpuNodeStatus {
     GpuNodeStatus {
         agent_version: Some(version.to_string()),
+        agent_instance: None,
         last_heartbeat: Some(now.clone()),
         topology_since: Some(topology_since(previous, hash, now)),
         held_gpus: pinning.held(),

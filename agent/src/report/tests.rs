@@ -251,12 +251,44 @@ async fn applies_the_gpunode_owned_by_its_node_then_beats() {
         assert_eq!(beat.topology_since, first.topology_since);
         at = t;
     }
-    // stopping reports Ready False
+    // stopping reports Ready False, in the status alone
     let rest = r.stop().await;
     let Some(Call::ApplyStatus(last)) = rest.last() else {
         panic!("no last status in {rest:?}");
     };
     assert_eq!(ready(last), ("False", "AgentStopped"));
+    assert!(
+        !rest.iter().any(|c| matches!(c, Call::Apply(..))),
+        "{rest:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stopping_agent_leaves_a_successors_report_alone() {
+    let mut r = start(Some(topology("gb300")));
+    let (_, first) = r.next_status().await;
+    let mine = first.agent_instance.clone().expect("an agentInstance");
+    // a rollout's successor, with another profile, has reported since
+    let fake = r.fake.clone();
+    let successor = {
+        let mut s = fake.server();
+        let object = s.object.as_mut().unwrap();
+        object.spec.topology_hash = "successor-hash".into();
+        object.status.as_mut().unwrap().agent_instance = Some("successor".into());
+        object.clone()
+    };
+    let rest = r.stop().await;
+    assert_eq!(rest, [Call::Get], "only the read, no last report");
+    let stored = fake.server().object.clone().unwrap();
+    assert_eq!(
+        (&stored.spec, &stored.status),
+        (&successor.spec, &successor.status)
+    );
+    // each start has an instance of its own
+    let mut again = start(Some(topology("gb300")));
+    let (_, s) = again.next_status().await;
+    assert_ne!(s.agent_instance, Some(mine));
+    again.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
