@@ -1278,7 +1278,16 @@ EOF
   log_since "$LOGS/agent.log" "$l0" 'another agent reports the GpuNode now' || fail "the stopping agent did not see the successor: $(tail -n +"$l0" "$LOGS/agent.log" | tail -5)"
   [ "$(gn '{.status.agentInstance}')" = mgtb-successor ] && gn_ready_is "True Successor" \
     || fail "the stopping agent overwrote its successor's report: $(gn '{.status}')"
-  echo "  alone, the stopping agent reported Ready False AgentStopped; after a successor's report it left the GpuNode to it"
+  # the stopping agent applies at the resourceVersion it read: the API server refuses a stale one
+  local rv out; rv=$(gn '{.metadata.resourceVersion}')
+  kc annotate gpunode "$NODE" mockgpu.io/testbed-touch="$(date +%s%N)" --overwrite > /dev/null
+  if out=$(printf 'apiVersion: mockgpu.io/v1alpha1\nkind: GpuNode\nmetadata: {name: %s, resourceVersion: "%s"}\nstatus: {agentInstance: mgtb-stale}\n' "$NODE" "$rv" \
+      | kc apply --server-side --force-conflicts --field-manager=mockgpu-agent --subresource=status -f - 2>&1); then
+    fail "a status apply at the stale resourceVersion $rv was accepted: $out"
+  fi
+  grep -q 'the object has been modified' <<< "$out" || fail "a status apply at a stale resourceVersion: $out"
+  kc annotate gpunode "$NODE" mockgpu.io/testbed-touch- > /dev/null
+  echo "  alone, the stopping agent reported Ready False AgentStopped; after a successor's report it left the GpuNode to it; a status apply at a stale resourceVersion is refused (409)"
   start_reporting_agent
   wait_for 30 "GpuNode $NODE reported by the next agent" gn_reported_anew "$first" "$second" mgtb-successor || fail "no report of the next agent: $(gn '{.status}')"
 }

@@ -146,18 +146,50 @@ impl GpuNodes for Live {
     }
 
     async fn apply_status(&self, name: &str, status: &GpuNodeStatus) -> Result<(), ApiError> {
+        self.patch_status(name, status, None).await.map(drop)
+    }
+
+    async fn apply_status_at(
+        &self,
+        name: &str,
+        status: &GpuNodeStatus,
+        resource_version: &str,
+    ) -> Result<bool, ApiError> {
+        self.patch_status(name, status, Some(resource_version))
+            .await
+    }
+}
+
+impl Live {
+    /// Server-side applies `status`; with `resource_version`, only to the object at that
+    /// version (the API server refuses the apply with 409 once it changed): false then.
+    async fn patch_status(
+        &self,
+        name: &str,
+        status: &GpuNodeStatus,
+        resource_version: Option<&str>,
+    ) -> Result<bool, ApiError> {
+        let mut metadata = serde_json::json!({"name": name});
+        if let Some(version) = resource_version {
+            metadata["resourceVersion"] = version.into();
+        }
         let body = serde_json::json!({
             "apiVersion": "mockgpu.io/v1alpha1",
             "kind": "GpuNode",
-            "metadata": {"name": name},
+            "metadata": metadata,
             "status": status,
         });
-        self.gpunodes()
-            .await?
+        let api = self.gpunodes().await?;
+        match api
             .patch_status(name, &apply_params(), &Patch::Apply(body))
             .await
-            .map_err(|e| ApiError(format!("cannot apply the status of GpuNode {name}: {e}")))?;
-        Ok(())
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 && resource_version.is_some() => Ok(false),
+            Err(e) => Err(ApiError(format!(
+                "cannot apply the status of GpuNode {name}: {e}"
+            ))),
+        }
     }
 }
 

@@ -53,6 +53,14 @@ pub trait GpuNodes: Send + Sync + 'static {
         name: &str,
         status: &GpuNodeStatus,
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
+    /// As [`GpuNodes::apply_status`], only while the object is at `resource_version`; false
+    /// when it has changed since.
+    fn apply_status_at(
+        &self,
+        name: &str,
+        status: &GpuNodeStatus,
+        resource_version: &str,
+    ) -> impl Future<Output = Result<bool, ApiError>> + Send;
 }
 
 /// Settings of the reporter.
@@ -190,17 +198,22 @@ impl<A: GpuNodes> Reporter<A> {
     }
 
     /// The last report of a stopping agent: `Ready` False, in the status alone, and only while
-    /// the status is still this agent's; whether it was sent. In a rollout the successor has
-    /// reported by then, and this report would bring back the old profile's spec and say
-    /// the node is not ready until the successor's next heartbeat.
+    /// the status is still this agent's (read, then applied at the version read); whether it
+    /// was sent. In a rollout the successor has reported by then, and this report would bring
+    /// back the old profile's spec and say the node is not ready until the successor's next
+    /// heartbeat.
     async fn farewell(&mut self, served: &impl Served) -> Result<bool, ApiError> {
         let Some(current) = self.api.get(&self.node_name).await? else {
             return Ok(false);
         };
         let status = current.status.as_ref();
-        if status.and_then(|s| s.agent_instance.as_deref()) != Some(self.instance.as_str()) {
+        let version = current.metadata.resource_version.as_deref();
+        let (Some(version), true) = (
+            version,
+            status.and_then(|s| s.agent_instance.as_deref()) == Some(self.instance.as_str()),
+        ) else {
             return Ok(false);
-        }
+        };
         let previous = Previous::of(&current.spec, status);
         let hash = served.spec(&self.node_name).topology_hash;
         let status = agent_status(
@@ -210,8 +223,9 @@ impl<A: GpuNodes> Reporter<A> {
             &status::stopped(),
             &previous,
         );
-        self.api.apply_status(&self.node_name, &status).await?;
-        Ok(true)
+        self.api
+            .apply_status_at(&self.node_name, &status, version)
+            .await
     }
 }
 

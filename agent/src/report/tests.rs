@@ -21,6 +21,8 @@ enum Call {
     Get,
     Apply(Box<ObjectMeta>, Box<GpuNodeSpec>),
     ApplyStatus(GpuNodeStatus),
+    /// An apply at a resourceVersion the object no longer has.
+    Refused,
 }
 
 #[derive(Default)]
@@ -32,6 +34,25 @@ struct Server {
     failing: u32,
     /// Objects created so far (each gets a new uid).
     created: u32,
+    /// Writes so far: the stored object's resourceVersion.
+    writes: u32,
+    /// A status another agent applies right after the next read.
+    after_read: Option<GpuNodeStatus>,
+}
+
+impl Server {
+    fn stored(&mut self, mut object: GpuNode) {
+        self.writes += 1;
+        object.metadata.resource_version = Some(self.writes.to_string());
+        self.object = Some(object);
+    }
+
+    fn store_status(&mut self, status: &GpuNodeStatus) {
+        if let Some(mut o) = self.object.take() {
+            o.status = Some(status.clone());
+            self.stored(o);
+        }
+    }
 }
 
 /// A fake API server: one GpuNode, one Node; every request is sent to the test as it comes.
@@ -82,7 +103,13 @@ impl GpuNodes for Fake {
     }
 
     async fn get(&self, _name: &str) -> Result<Option<GpuNode>, ApiError> {
-        self.answer(Call::Get, |s| s.object.clone())
+        self.answer(Call::Get, |s| {
+            let read = s.object.clone();
+            if let Some(status) = s.after_read.take() {
+                s.store_status(&status);
+            }
+            read
+        })
     }
 
     async fn apply(&self, object: &GpuNode) -> Result<String, ApiError> {
@@ -103,7 +130,7 @@ impl GpuNodes for Fake {
                 let mut stored = object.clone();
                 stored.metadata.uid = Some(uid.clone());
                 stored.status = status;
-                s.object = Some(stored);
+                s.stored(stored);
                 uid
             },
         )
@@ -111,10 +138,21 @@ impl GpuNodes for Fake {
 
     async fn apply_status(&self, _name: &str, status: &GpuNodeStatus) -> Result<(), ApiError> {
         self.answer(Call::ApplyStatus(status.clone()), |s| {
-            if let Some(o) = s.object.as_mut() {
-                o.status = Some(status.clone());
-            }
+            s.store_status(status)
         })
+    }
+
+    async fn apply_status_at(
+        &self,
+        name: &str,
+        status: &GpuNodeStatus,
+        resource_version: &str,
+    ) -> Result<bool, ApiError> {
+        let current = self.server().writes.to_string();
+        if current != resource_version {
+            return self.answer(Call::Refused, |_| false);
+        }
+        self.apply_status(name, status).await.map(|()| true)
     }
 }
 
@@ -289,6 +327,20 @@ async fn a_stopping_agent_leaves_a_successors_report_alone() {
     let (_, s) = again.next_status().await;
     assert_ne!(s.agent_instance, Some(mine));
     again.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_successor_reporting_between_the_read_and_the_write_is_kept() {
+    let mut r = start(Some(topology("gb300")));
+    r.next_status().await;
+    let mut successor = r.fake.server().object.clone().unwrap().status.unwrap();
+    successor.agent_instance = Some("successor".into());
+    r.fake.server().after_read = Some(successor.clone());
+    let fake = r.fake.clone();
+    let rest = r.stop().await;
+    assert_eq!(rest, [Call::Get, Call::Refused]);
+    let stored = fake.server().object.clone().unwrap();
+    assert_eq!(stored.status, Some(successor));
 }
 
 #[tokio::test(start_paused = true)]
