@@ -10,7 +10,7 @@ use mockgpu_api::Mode;
 use mockgpu_api::gpunode::condition;
 
 use crate::labels::{self, NodeLabels};
-use crate::slim::{CachedPod, SeenCondition, SlimContainer, SlimGpuNode};
+use crate::slim::{GpuPod, PodRef, SeenCondition, SlimContainer, SlimGpuNode, SlimPod, SlurmdPod};
 
 /// What the decision depends on besides the objects.
 #[derive(Debug, Clone)]
@@ -33,9 +33,9 @@ pub struct Input<'a> {
     /// The node's labels of ours and who owns them; `None` when the Node is gone.
     pub node: Option<&'a NodeLabels>,
     /// The slurmd pods on the node.
-    pub slurmd_pods: &'a [&'a CachedPod],
+    pub slurmd_pods: &'a [&'a SlurmdPod],
     /// The pods on the node (those requesting GPUs are looked at).
-    pub pods: &'a [&'a CachedPod],
+    pub pods: &'a [&'a GpuPod],
     /// The time of the decision.
     pub now: Timestamp,
     /// Settings.
@@ -121,11 +121,11 @@ pub fn plan(input: &Input<'_>) -> Plan {
         }
         let actions = drifted
             .iter()
-            .map(|pod| pod_action(pod, condition::DRIFTED))
+            .map(|pod| pod_action(&pod.id, condition::DRIFTED))
             .chain(
                 missing
                     .iter()
-                    .map(|(pod, _)| pod_action(pod, condition::INJECTION_MISSING)),
+                    .map(|(pod, _)| pod_action(&pod.id, condition::INJECTION_MISSING)),
             );
         for a in actions {
             if !p.delete_pods.iter().any(|b| b.uid == a.uid) {
@@ -232,7 +232,7 @@ impl<'a> Ctx<'a> {
 
     /// The slurmd pods that started before the current topology was first reported: their
     /// slurmd registered other GPUs.
-    fn drifted(&self) -> Vec<&'a CachedPod> {
+    fn drifted(&self) -> Vec<&'a SlurmdPod> {
         let Some(since) = self
             .g
             .status
@@ -245,12 +245,12 @@ impl<'a> Ctx<'a> {
             .slurmd_pods
             .iter()
             .copied()
-            .filter(|p| !p.deleting)
+            .filter(|p| !p.id.deleting)
             .filter(|p| p.started.is_some_and(|t| t < since.0))
             .collect()
     }
 
-    fn drifted_condition(&self, drifted: &[&CachedPod]) -> Condition {
+    fn drifted_condition(&self, drifted: &[&SlurmdPod]) -> Condition {
         if drifted.is_empty() {
             let msg = "no slurmd pod on the node predates its topology".into();
             return self.condition(condition::DRIFTED, "False", "InSync", msg);
@@ -262,7 +262,7 @@ impl<'a> Ctx<'a> {
             .and_then(|s| s.topology_since.as_ref());
         let msg = format!(
             "slurmd pod(s) {} started before the topology changed ({})",
-            names(drifted.iter().map(|p| pod_name(p))),
+            names(drifted.iter().map(|p| pod_name(&p.id))),
             since.map(|t| t.0.to_string()).unwrap_or_default()
         );
         self.condition(condition::DRIFTED, "True", "TopologyChanged", msg)
@@ -275,7 +275,7 @@ impl<'a> Ctx<'a> {
         &self,
         stale: bool,
         requeue: &mut Option<Duration>,
-    ) -> Vec<(&'a CachedPod, &'a str)> {
+    ) -> Vec<(&'a GpuPod, &'a str)> {
         if stale || self.g.spec.mode != Mode::Mock {
             return Vec::new();
         }
@@ -288,13 +288,13 @@ impl<'a> Ctx<'a> {
         let grace = signed(self.input.settings.injection_grace);
         let mut out = Vec::new();
         for pod in self.input.pods.iter().copied() {
-            if pod.deleting {
+            if pod.id.deleting {
                 continue;
             }
             for (container, since) in gpu_containers(pod, &self.input.settings.gpu_resource) {
                 if pinning
                     .iter()
-                    .any(|p| p.pod_uid == pod.uid && p.container == container)
+                    .any(|p| p.pod_uid == pod.id.uid() && p.container == container)
                 {
                     continue;
                 }
@@ -308,7 +308,7 @@ impl<'a> Ctx<'a> {
         out
     }
 
-    fn missing_condition(&self, missing: &[(&CachedPod, &str)], stale: bool) -> Condition {
+    fn missing_condition(&self, missing: &[(&GpuPod, &str)], stale: bool) -> Condition {
         if self.g.spec.mode != Mode::Mock {
             return self.condition(
                 condition::INJECTION_MISSING,
@@ -327,7 +327,11 @@ impl<'a> Ctx<'a> {
         }
         let msg = format!(
             "running GPU container(s) without mockgpu's files: {}",
-            names(missing.iter().map(|(p, c)| format!("{}/{c}", pod_name(p))))
+            names(
+                missing
+                    .iter()
+                    .map(|(p, c)| format!("{}/{c}", pod_name(&p.id)))
+            )
         );
         self.condition(condition::INJECTION_MISSING, "True", "NotInjected", msg)
     }
@@ -348,43 +352,43 @@ fn requeue_at(requeue: &mut Option<Duration>, now: Timestamp, at: Timestamp) {
 
 /// The pod's running containers that request `resource`, with their start times.
 fn gpu_containers<'p>(
-    pod: &'p CachedPod,
+    pod: &'p GpuPod,
     resource: &str,
 ) -> impl Iterator<Item = (&'p str, Timestamp)> {
     pod.containers
         .iter()
         .filter(move |c| asks_for(c, resource))
-        .filter_map(|c| Some((c.name.as_str(), c.running_since?)))
+        .filter_map(|c| Some((&*c.name, c.running_since?)))
 }
 
 /// Whether the pod asks for `resource` in any container (the pods watched for InjectionMissing).
-pub fn requests_resource(pod: &CachedPod, resource: &str) -> bool {
+pub fn requests_resource(pod: &SlimPod, resource: &str) -> bool {
     pod.containers.iter().any(|c| asks_for(c, resource))
 }
 
 /// Whether the container's limits or requests ask for a non-zero amount of `resource`.
 fn asks_for(c: &SlimContainer, resource: &str) -> bool {
-    c.resources.iter().any(|r| r == resource)
+    c.resources.iter().any(|r| &**r == resource)
 }
 
 /// The name a slurmd pod on `node` registered under in Slurm: slurmd's default, the host name
 /// (the Kubernetes node's on the host network, otherwise the pod's `hostname` or name).
-pub fn slurm_node_name(pod: &CachedPod, node: &str) -> String {
+pub fn slurm_node_name(pod: &SlurmdPod, node: &str) -> String {
     if pod.host_network {
         return node.to_string();
     }
-    pod.hostname.clone().unwrap_or_else(|| pod.name.clone())
+    pod.hostname.as_deref().unwrap_or(pod.id.name()).to_string()
 }
 
-fn pod_name(pod: &CachedPod) -> String {
-    format!("{}/{}", pod.namespace, pod.name)
+fn pod_name(pod: &PodRef) -> String {
+    format!("{}/{}", pod.namespace(), pod.name())
 }
 
-fn pod_action(pod: &CachedPod, why: &'static str) -> PodAction {
+fn pod_action(pod: &PodRef, why: &'static str) -> PodAction {
     PodAction {
-        namespace: pod.namespace.clone(),
-        name: pod.name.clone(),
-        uid: pod.uid.clone(),
+        namespace: pod.namespace().into(),
+        name: pod.name().into(),
+        uid: pod.uid().into(),
         why,
     }
 }
@@ -407,7 +411,7 @@ mod tests {
     use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, PCI_NVIDIA, PROFILE};
     use crate::slim::SlimNode;
     // node(owners, labels): node-a, with managed-fields entries of (manager, operation, keys)
-    use crate::slim::tests::{cached, node_json as node, slim};
+    use crate::slim::tests::{node_json as node, slim, slim_pod};
 
     /// Seconds after an arbitrary origin.
     fn t(secs: i64) -> Timestamp {
@@ -466,14 +470,8 @@ mod tests {
         node(&[(CONTROLLER_MANAGER, "Apply", &keys)], &ours)
     }
 
-    /// A running pod `name` whose container `c` started at `started`, asking for `gpus` GPUs,
-    /// as cached.
-    fn pod(name: &str, started: i64, gpus: Option<&str>, host_network: bool) -> CachedPod {
-        cached(&full_pod(name, started, gpus, host_network))
-    }
-
-    /// [`pod`] as the API server sends it.
-    fn full_pod(name: &str, started: i64, gpus: Option<&str>, host_network: bool) -> Pod {
+    /// A running pod `name` whose container `c` started at `started`, asking for `gpus` GPUs.
+    fn pod(name: &str, started: i64, gpus: Option<&str>, host_network: bool) -> Pod {
         let resources = gpus.map(|n| ResourceRequirements {
             limits: Some([("nvidia.com/gpu".to_string(), Quantity(n.into()))].into()),
             ..Default::default()
@@ -526,18 +524,21 @@ mod tests {
     struct Case<'a> {
         gpunode: Option<&'a GpuNode>,
         node: Option<&'a SlimNode>,
-        slurmd: Vec<&'a CachedPod>,
-        pods: Vec<&'a CachedPod>,
+        slurmd: Vec<&'a Pod>,
+        pods: Vec<&'a Pod>,
         now: i64,
         remediation: bool,
     }
 
+    /// The plan of `c`, its objects as the caches keep them.
     fn run(c: &Case<'_>) -> Plan {
+        let slurmd: Vec<SlurmdPod> = c.slurmd.iter().map(|p| (&slim_pod(p)).into()).collect();
+        let pods: Vec<GpuPod> = c.pods.iter().map(|p| (&slim_pod(p)).into()).collect();
         plan(&Input {
             gpunode: c.gpunode.map(slim).as_ref(),
             node: c.node.map(|n| &n.labels),
-            slurmd_pods: &c.slurmd,
-            pods: &c.pods,
+            slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
+            pods: &pods.iter().collect::<Vec<_>>(),
             now: t(c.now),
             settings: &settings(c.remediation),
         })
@@ -719,9 +720,8 @@ mod tests {
             ]
         );
         // a pod already being deleted is not deleted again
-        let mut going = full_pod("slurmd-0", -200, None, true);
+        let mut going = host.clone();
         going.metadata.deletion_timestamp = Some(Time(t(5)));
-        let going = cached(&going);
         let p = run(&Case {
             slurmd: vec![&going],
             remediation: true,

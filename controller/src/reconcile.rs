@@ -32,7 +32,7 @@ use crate::labels;
 use crate::labels::NodeLabels;
 use crate::metrics::{ActionLabels, Metrics};
 use crate::plan::{self, Input, Plan, Settings, requests_resource};
-use crate::slim::{CachedPod, NodeCache, PodCache, SlimGpuNode, SlimNode, SlimPod};
+use crate::slim::{GpuPod, NodeCache, PodCache, SlimGpuNode, SlimNode, SlimPod, SlurmdPod};
 use crate::slurm::{NodeDeleted, SlurmNodes};
 
 /// A failed reconcile (retried after [`RETRY`]).
@@ -86,8 +86,8 @@ pub struct Context<S> {
     recorder: Recorder,
     metrics: Metrics,
     nodes: NodeCache,
-    slurmd: PodCache,
-    pods: PodCache,
+    slurmd: PodCache<SlurmdPod>,
+    pods: PodCache<GpuPod>,
     /// The three caches above have had their first list.
     synced: Synced,
 }
@@ -164,10 +164,6 @@ fn after<S: Stream + Send + 'static>(synced: Synced, stream: S) -> impl Stream<I
 fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ReconcileError {
     let what = what.into();
     move |source| ReconcileError::Kube { what, source }
-}
-
-fn refs(pods: &[Arc<CachedPod>]) -> Vec<&CachedPod> {
-    pods.iter().map(AsRef::as_ref).collect()
 }
 
 fn node_of(pod: SlimPod) -> Option<ObjectRef<SlimGpuNode>> {
@@ -284,7 +280,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     })
     .watches_stream(touched(slurmd_events), node_of)
     .watches_stream(touched(pod_events), move |p| {
-        requests_resource(&p.pod, &resource)
+        requests_resource(&p, &resource)
             .then(|| node_of(p))
             .flatten()
     })
@@ -327,9 +323,7 @@ fn forget_version<K: Resource>(o: &mut K) {
 /// extended resources never change), every deletion and the list's bounds.
 fn gpu_pod_event(e: &watcher::Event<SlimPod>, resource: &str) -> bool {
     match e {
-        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
-            requests_resource(&p.pod, resource)
-        }
+        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => requests_resource(p, resource),
         watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone => true,
     }
 }
@@ -369,14 +363,17 @@ async fn reconcile_gpunode<S: SlurmNodes>(
     ctx.synced.wait().await?;
     let name = g.name_any();
     let node = ctx.nodes.get(&name);
-    let (slurmd, pods) = (ctx.slurmd.on_node(&name), ctx.pods.on_node(&name));
-    let p = plan::plan(&Input {
-        gpunode: Some(&g),
-        node: node.as_ref().map(|n| &n.labels),
-        slurmd_pods: &refs(&slurmd),
-        pods: &refs(&pods),
-        now: Timestamp::now(),
-        settings: &ctx.settings,
+    let p = ctx.slurmd.on_node(&name, |slurmd| {
+        ctx.pods.on_node(&name, |pods| {
+            plan::plan(&Input {
+                gpunode: Some(&g),
+                node: node.as_ref().map(|n| &n.labels),
+                slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
+                pods: &pods.iter().collect::<Vec<_>>(),
+                now: Timestamp::now(),
+                settings: &ctx.settings,
+            })
+        })
     });
     let gone = g.metadata.deletion_timestamp.is_some();
     let held = g.status.as_ref().map_or(0, |s| s.held_gpus);

@@ -236,8 +236,9 @@ impl NodeCache {
 }
 
 /// A pod as the controller watches it: its metadata for the watch (name, namespace, UID,
-/// resource version, deletion time), the node it is bound to, and what the caches keep. The rest
-/// (the managed fields, most of the spec and status) is skipped while decoding.
+/// resource version, deletion time), the node it is bound to, and what either pod cache keeps
+/// ([`SlurmdPod`], [`GpuPod`]). The rest (the managed fields, most of the spec and status) is
+/// skipped while decoding.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(from = "RawPod")]
 pub struct SlimPod {
@@ -245,70 +246,177 @@ pub struct SlimPod {
     pub metadata: ObjectMeta,
     /// `spec.nodeName` (`None`: not scheduled yet).
     pub node: Option<String>,
-    /// What the pod caches keep of it.
-    pub pod: Arc<CachedPod>,
-}
-
-/// What the pod caches keep of a pod: what the decision reads, and what deleting it and the
-/// Events about it need.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CachedPod {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// UID.
-    pub uid: String,
-    /// Being deleted (it has a deletion time).
-    pub deleting: bool,
+    /// Who it is, and whether it is being deleted.
+    pub id: PodRef,
     /// On the host network.
     pub host_network: bool,
     /// `spec.hostname`.
-    pub hostname: Option<String>,
+    pub hostname: Option<Box<str>>,
     /// When its containers started: the earliest running container's start, else the pod's.
     pub started: Option<Timestamp>,
     /// The containers (of `spec.containers`) that ask for extended resources.
-    pub containers: Vec<SlimContainer>,
+    pub containers: Box<[SlimContainer]>,
+}
+
+/// Who a cached pod is (for deleting it and Events about it), and whether it is being deleted.
+/// Boxed strings and slices here and below: no spare capacity in thousands of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRef {
+    /// `namespace/name/uid`, in one allocation (none of them holds a `/`).
+    key: Box<str>,
+    /// Being deleted (it has a deletion time).
+    pub deleting: bool,
+}
+
+impl PodRef {
+    /// Pod `namespace/name` of `uid`.
+    pub fn new(namespace: &str, name: &str, uid: &str, deleting: bool) -> Self {
+        Self {
+            key: format!("{namespace}/{name}/{uid}").into(),
+            deleting,
+        }
+    }
+
+    fn part(&self, i: usize) -> &str {
+        self.key.splitn(3, '/').nth(i).unwrap_or_default()
+    }
+
+    /// Namespace.
+    pub fn namespace(&self) -> &str {
+        self.part(0)
+    }
+
+    /// Name.
+    pub fn name(&self) -> &str {
+        self.part(1)
+    }
+
+    /// UID.
+    pub fn uid(&self) -> &str {
+        self.part(2)
+    }
 }
 
 /// A container asking for extended resources.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlimContainer {
     /// Its name.
-    pub name: String,
+    pub name: Box<str>,
     /// The extended resources (names with a domain, such as `nvidia.com/gpu`) its limits or
     /// requests ask a non-zero amount of.
-    pub resources: Vec<String>,
+    pub resources: Box<[Box<str>]>,
     /// When it started running (`None`: not running).
     pub running_since: Option<Timestamp>,
 }
 
-/// A pod cache: the pods of one watch, by the node they are bound to. A pod is cached once it is
-/// bound (an unscheduled one is of no node's concern) and under that node for good: the API server
-/// never changes a bound pod's `spec.nodeName`. Clones share it.
-#[derive(Clone, Debug, Default)]
-pub struct PodCache(Arc<RwLock<Listed<PodsByNode>>>);
+/// A slurmd pod as its cache keeps it: what `Drifted` and the Slurm node's name read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlurmdPod {
+    /// Who it is.
+    pub id: PodRef,
+    /// On the host network.
+    pub host_network: bool,
+    /// `spec.hostname`.
+    pub hostname: Option<Box<str>>,
+    /// When its containers started.
+    pub started: Option<Timestamp>,
+}
 
-#[derive(Debug, Default)]
-struct PodsByNode(HashMap<String, Vec<Arc<CachedPod>>>);
+/// A pod asking for GPUs as its cache keeps it: what `InjectionMissing` reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuPod {
+    /// Who it is.
+    pub id: PodRef,
+    /// Its containers that ask for extended resources.
+    pub containers: Box<[SlimContainer]>,
+}
 
-impl Contents<SlimPod> for PodsByNode {
+impl From<&SlimPod> for SlurmdPod {
+    fn from(p: &SlimPod) -> Self {
+        Self {
+            id: p.id.clone(),
+            host_network: p.host_network,
+            hostname: p.hostname.clone(),
+            started: p.started,
+        }
+    }
+}
+
+impl From<&SlimPod> for GpuPod {
+    fn from(p: &SlimPod) -> Self {
+        Self {
+            id: p.id.clone(),
+            containers: p.containers.clone(),
+        }
+    }
+}
+
+/// What a pod cache keeps of each pod.
+pub trait KeptPod: for<'a> From<&'a SlimPod> {
+    /// Who it is.
+    fn id(&self) -> &PodRef;
+}
+
+impl KeptPod for SlurmdPod {
+    fn id(&self) -> &PodRef {
+        &self.id
+    }
+}
+
+impl KeptPod for GpuPod {
+    fn id(&self) -> &PodRef {
+        &self.id
+    }
+}
+
+/// A pod cache: the pods of one watch as `T`, by the node they are bound to. A pod is cached once
+/// it is bound (an unscheduled one is of no node's concern) and under that node for good: the API
+/// server never changes a bound pod's `spec.nodeName`. Clones share it.
+#[derive(Debug)]
+pub struct PodCache<T>(Arc<RwLock<Listed<PodsByNode<T>>>>);
+
+impl<T> Clone for PodCache<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T> Default for PodCache<T> {
+    fn default() -> Self {
+        Self(Arc::default())
+    }
+}
+
+/// The pods on each node, in place (no `Arc`, and its allocation, for each).
+#[derive(Debug)]
+struct PodsByNode<T>(HashMap<String, Vec<T>>);
+
+impl<T> Default for PodsByNode<T> {
+    fn default() -> Self {
+        Self(HashMap::new())
+    }
+}
+
+impl<T: KeptPod> Contents<SlimPod> for PodsByNode<T> {
     fn insert(&mut self, p: &SlimPod) {
         let Some(node) = &p.node else { return };
         let Some(pods) = self.0.get_mut(node) else {
-            self.0.insert(node.clone(), vec![p.pod.clone()]);
+            self.0.insert(node.clone(), vec![T::from(p)]);
             return;
         };
-        match pods.iter_mut().find(|q| q.uid == p.pod.uid) {
-            Some(q) => *q = p.pod.clone(),
-            None => pods.push(p.pod.clone()),
+        match pods.iter_mut().find(|q| q.id().uid() == p.id.uid()) {
+            Some(q) => *q = T::from(p),
+            None => {
+                pods.reserve_exact(1);
+                pods.push(T::from(p));
+            }
         }
     }
 
     fn remove(&mut self, p: &SlimPod) {
         let Some(node) = &p.node else { return };
         if let Some(pods) = self.0.get_mut(node) {
-            pods.retain(|q| q.uid != p.pod.uid);
+            pods.retain(|q| q.id().uid() != p.id.uid());
             if pods.is_empty() {
                 self.0.remove(node);
             }
@@ -316,20 +424,15 @@ impl Contents<SlimPod> for PodsByNode {
     }
 }
 
-impl PodCache {
+impl<T: KeptPod> PodCache<T> {
     /// Applies a watch event of the pods.
     pub fn apply(&self, e: &watcher::Event<SlimPod>) {
         apply_locked(&self.0, e);
     }
 
-    /// The cached pods bound to `node`.
-    pub fn on_node(&self, node: &str) -> Vec<Arc<CachedPod>> {
-        read(&self.0)
-            .current
-            .0
-            .get(node)
-            .cloned()
-            .unwrap_or_default()
+    /// `f` of the cached pods bound to `node` (the cache is locked for reading meanwhile).
+    pub fn on_node<R>(&self, node: &str, f: impl FnOnce(&[T]) -> R) -> R {
+        f(read(&self.0).current.0.get(node).map_or(&[], Vec::as_slice))
     }
 }
 
@@ -557,12 +660,12 @@ impl From<RawPod> for SlimPod {
             .into_iter()
             .filter_map(|c| {
                 let r = c.resources?;
-                let mut resources: Vec<String> = [r.limits, r.requests]
+                let mut resources: Vec<Box<str>> = [r.limits, r.requests]
                     .into_iter()
                     .flatten()
                     .flatten()
                     .filter(|(name, q)| name.contains('/') && q.0 != "0")
-                    .map(|(name, _)| name)
+                    .map(|(name, _)| name.into())
                     .collect();
                 resources.sort_unstable();
                 resources.dedup();
@@ -571,25 +674,25 @@ impl From<RawPod> for SlimPod {
                         .iter()
                         .find(|s| s.name == c.name)
                         .and_then(RawContainerStatus::running_since),
-                    name: c.name,
-                    resources,
+                    name: c.name.into(),
+                    resources: resources.into(),
                 })
             })
-            .collect();
-        let pod = CachedPod {
-            namespace: m.namespace.clone().unwrap_or_default(),
-            name: m.name.clone().unwrap_or_default(),
-            uid: m.uid.clone().unwrap_or_default(),
-            deleting: m.deletion_timestamp.is_some(),
-            host_network: spec.host_network.unwrap_or(false),
-            hostname: spec.hostname,
-            started,
-            containers,
-        };
+            .collect::<Vec<_>>()
+            .into();
         SlimPod {
+            id: PodRef::new(
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default(),
+                m.uid.as_deref().unwrap_or_default(),
+                m.deletion_timestamp.is_some(),
+            ),
             metadata: m,
             node: spec.node_name,
-            pod: Arc::new(pod),
+            host_network: spec.host_network.unwrap_or(false),
+            hostname: spec.hostname.map(String::into_boxed_str),
+            started,
+            containers,
         }
     }
 }
@@ -649,11 +752,6 @@ pub(crate) mod tests {
     /// `p` as the controller watches it (through its JSON, as from the API server).
     pub(crate) fn slim_pod(p: &Pod) -> SlimPod {
         serde_json::from_value(serde_json::to_value(p).unwrap()).unwrap()
-    }
-
-    /// `p` as the pod caches keep it.
-    pub(crate) fn cached(p: &Pod) -> CachedPod {
-        Arc::unwrap_or_clone(slim_pod(p).pod)
     }
 
     fn gpu(minor: u32, model: &str) -> GpuNodeGpu {
@@ -897,23 +995,32 @@ pub(crate) mod tests {
             )
         );
         assert_eq!((&m.labels, &m.managed_fields), (&None, &None));
+        let id = PodRef::new("slurm", "slurm-worker-gpu-0", "pu-1", false);
         assert_eq!(
-            *p.pod,
-            CachedPod {
-                namespace: "slurm".into(),
-                name: "slurm-worker-gpu-0".into(),
-                uid: "pu-1".into(),
-                deleting: false,
+            (id.namespace(), id.name(), id.uid()),
+            ("slurm", "slurm-worker-gpu-0", "pu-1")
+        );
+        assert_eq!(
+            SlurmdPod::from(&p),
+            SlurmdPod {
+                id: id.clone(),
                 host_network: false,
                 hostname: Some("gpu-0".into()),
                 // the sidecar's start: the earliest running container's
                 started: Some(at("2026-01-01T00:00:06Z")),
+            }
+        );
+        assert_eq!(
+            GpuPod::from(&p),
+            GpuPod {
+                id,
                 // not the init container, nor the sidecar; no CPUs, no memory, no zero amounts
-                containers: vec![SlimContainer {
+                containers: [SlimContainer {
                     name: "slurmd".into(),
-                    resources: vec!["example.com/fpga".into(), "nvidia.com/gpu".into()],
+                    resources: ["example.com/fpga".into(), "nvidia.com/gpu".into()].into(),
                     running_since: Some(at("2026-01-01T00:00:08Z")),
-                }],
+                }]
+                .into(),
             }
         );
     }
@@ -928,13 +1035,13 @@ pub(crate) mod tests {
         j["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:01:00Z");
         j["spec"]["hostNetwork"] = json!(true);
         let p: SlimPod = serde_json::from_value(j).unwrap();
-        assert_eq!(p.pod.started, Some(at("2026-01-01T00:00:01Z")));
-        assert_eq!(p.pod.containers[0].running_since, None);
-        assert!(p.pod.deleting && p.pod.host_network);
+        assert_eq!(p.started, Some(at("2026-01-01T00:00:01Z")));
+        assert_eq!(p.containers[0].running_since, None);
+        assert!(p.id.deleting && p.host_network);
         let bare: SlimPod =
             serde_json::from_value(json!({"metadata": {"name": "b", "namespace": "n"}})).unwrap();
-        assert_eq!((bare.node, bare.pod.started), (None, None));
-        assert!(bare.pod.containers.is_empty());
+        assert_eq!((bare.node, bare.started), (None, None));
+        assert!(bare.containers.is_empty());
     }
 
     /// A pod of `uid` on `node` (`None`: unscheduled), named after its UID.
@@ -954,20 +1061,20 @@ pub(crate) mod tests {
     #[test]
     fn the_pod_cache_follows_the_watch() {
         use watcher::Event::*;
-        let cache = PodCache::default();
+        let cache = PodCache::<SlurmdPod>::default();
         // (uid, hostname) of the pods on `node`
-        let on = |node: &str| -> Vec<(String, Option<String>)> {
-            let mut v: Vec<_> = cache
-                .on_node(node)
-                .iter()
-                .map(|p| (p.uid.clone(), p.hostname.clone()))
-                .collect();
+        let on = |node: &str| -> Vec<(Box<str>, Option<Box<str>>)> {
+            let mut v: Vec<_> = cache.on_node(node, |pods| {
+                pods.iter()
+                    .map(|p| (p.id.uid().into(), p.hostname.clone()))
+                    .collect()
+            });
             v.sort();
             v
         };
-        let ids = |v: &[(&str, &str)]| -> Vec<(String, Option<String>)> {
+        let ids = |v: &[(&str, &str)]| -> Vec<(Box<str>, Option<Box<str>>)> {
             v.iter()
-                .map(|(u, h)| (u.to_string(), Some(h.to_string())))
+                .map(|(u, h)| ((*u).into(), Some((*h).into())))
                 .collect()
         };
         for e in [
