@@ -1,8 +1,10 @@
 #!/bin/bash
 # controller-scale.sh - the controller's resync at scale, on the test bed's real API server
 # (cluster mode: etcd + kube-apiserver v1.37 in the node, nothing else running): COUNT Nodes (as a
-# kubelet registers them) and their GpuNodes of GPUS GPUs each (as an agent reports them), created
-# in bulk. Then RUNS resyncs with 0 GpuNodes (the idle baseline) and RUNS with COUNT, each a fresh
+# kubelet registers them), their GpuNodes of GPUS GPUs each (as an agent reports them) and a slurmd
+# pod bound to each Node (label app.kubernetes.io/name=slurmd, asking for the node's GPUs, as a
+# Slinky NodeSet's; Pending, with the start time a kubelet reports: the controller's Drifted check
+# reads it), created in bulk. Then RUNS resyncs with 0 GpuNodes (the idle baseline) and RUNS with COUNT, each a fresh
 # process of `controller-scale resync` (kube-runtime's Controller over GpuNodes, a reconcile that
 # only counts: the controller's watch/list/queue machinery without its API writes) printing its
 # CPU time and RSS once every object is reconciled, and the same for `mockgpu-controller run`
@@ -98,13 +100,13 @@ range() { sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%s-%s", lo, hi
 kc wait --for condition=established --timeout=60s crd/gpunodes.mockgpu.io > /dev/null
 W=$(mktemp -d); trap 'rm -rf "$W"; "${TESTBED[@]}" down' EXIT
 {
-  echo "== controller-scale: $COUNT GpuNodes x $GPUS GPUs, $RUNS runs each, load $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
+  echo "== controller-scale: $COUNT GpuNodes x $GPUS GPUs (and a slurmd pod each), $RUNS runs each, load $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
   echo "-- idle baseline (0 GpuNodes)"
   for _ in $(seq "$RUNS"); do scale resync --expect 0 | tee -a "$W/idle"; controller_run 0 0 | tee -a "$W/ctl-idle"; done
   scale create --count "$COUNT" --gpus "$GPUS"
   echo "-- the first contact: one mockgpu-controller run labels the $COUNT Nodes and writes the GpuNodes' conditions"
   controller_run "$COUNT" 1 | tee "$W/ctl-converge"
-  echo "object size (JSON, one GpuNode): $(kc get --raw "$LIST/bench-node-00000" | wc -c) bytes; full list: $(kc get --raw "$LIST" | wc -c) bytes"
+  echo "object size (JSON, one GpuNode): $(kc get --raw "$LIST/bench-node-00000" | wc -c) bytes; full list: $(kc get --raw "$LIST" | wc -c) bytes; one slurmd pod: $(kc get --raw /api/v1/namespaces/bench-slurm/pods/slurm-worker-bench-node-00000 | wc -c) bytes"
   echo "-- $COUNT GpuNodes"
   for _ in $(seq "$RUNS"); do
     m=$(list_metric); scale resync --expect "$COUNT" | tee -a "$W/full"
@@ -124,7 +126,7 @@ W=$(mktemp -d); trap 'rm -rf "$W"; "${TESTBED[@]}" down' EXIT
   cidle=$(field rss_kib < "$W/ctl-idle" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')
   per_node() { field rss_kib < "$1" | awk -v i="$2" -v n="$COUNT" '{printf "%.2f\n", ($1 - i) / n}' | range; }
   echo "== summary ($RUNS runs; ranges are min-max)"
-  echo "mockgpu-controller run, full resync of $COUNT GpuNodes and their Nodes, converged:"
+  echo "mockgpu-controller run, full resync of $COUNT GpuNodes, their Nodes and slurmd pods, converged:"
   echo "  CPU until all reconciled: $(field cpu_ms < "$W/ctl-full" | range) ms (target <= 1000 ms; idle process $(field cpu_ms < "$W/ctl-idle" | range) ms)"
   echo "  RSS per GpuNode:          $(per_node "$W/ctl-full" "$cidle") KiB over the idle median $cidle KiB (target <= 4 KiB); RSS idle $(field rss_kib < "$W/ctl-idle" | range) KiB, with $COUNT $(field rss_kib < "$W/ctl-full" | range) KiB"
   echo "  all reconciled:           $(field reconciled_ms < "$W/ctl-full" | range) ms after start; writes: labels $(field label_writes < "$W/ctl-full" | range), conditions $(field condition_writes < "$W/ctl-full" | range), events $(field event_writes < "$W/ctl-full" | range)"

@@ -4,14 +4,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use mockgpu_api::Mode;
 use mockgpu_api::gpunode::condition;
 
 use crate::labels::{self, NodeLabels};
-use crate::slim::{SeenCondition, SlimGpuNode};
+use crate::slim::{GpuPod, PodRef, SeenCondition, SlimContainer, SlimGpuNode, SlimPod, SlurmdPod};
 
 /// What the decision depends on besides the objects.
 #[derive(Debug, Clone)]
@@ -34,9 +33,9 @@ pub struct Input<'a> {
     /// The node's labels of ours and who owns them; `None` when the Node is gone.
     pub node: Option<&'a NodeLabels>,
     /// The slurmd pods on the node.
-    pub slurmd_pods: &'a [&'a Pod],
+    pub slurmd_pods: &'a [&'a SlurmdPod],
     /// The pods on the node (those requesting GPUs are looked at).
-    pub pods: &'a [&'a Pod],
+    pub pods: &'a [&'a GpuPod],
     /// The time of the decision.
     pub now: Timestamp,
     /// Settings.
@@ -113,19 +112,20 @@ pub fn plan(input: &Input<'_>) -> Plan {
     }
     let on_node = input.node.is_some();
     if input.settings.remediation && on_node {
+        let node = g.metadata.name.as_deref().unwrap_or_default();
         for pod in &drifted {
-            let name = slurm_node_name(pod);
+            let name = slurm_node_name(pod, node);
             if !p.slurm_nodes.contains(&name) {
                 p.slurm_nodes.push(name);
             }
         }
         let actions = drifted
             .iter()
-            .map(|pod| pod_action(pod, condition::DRIFTED))
+            .map(|pod| pod_action(&pod.id, condition::DRIFTED))
             .chain(
                 missing
                     .iter()
-                    .map(|(pod, _)| pod_action(pod, condition::INJECTION_MISSING)),
+                    .map(|(pod, _)| pod_action(&pod.id, condition::INJECTION_MISSING)),
             );
         for a in actions {
             if !p.delete_pods.iter().any(|b| b.uid == a.uid) {
@@ -232,7 +232,7 @@ impl<'a> Ctx<'a> {
 
     /// The slurmd pods that started before the current topology was first reported: their
     /// slurmd registered other GPUs.
-    fn drifted(&self) -> Vec<&'a Pod> {
+    fn drifted(&self) -> Vec<&'a SlurmdPod> {
         let Some(since) = self
             .g
             .status
@@ -245,12 +245,12 @@ impl<'a> Ctx<'a> {
             .slurmd_pods
             .iter()
             .copied()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| started(p).is_some_and(|t| t < since.0))
+            .filter(|p| !p.id.deleting)
+            .filter(|p| p.started.is_some_and(|t| t < since.0))
             .collect()
     }
 
-    fn drifted_condition(&self, drifted: &[&Pod]) -> Condition {
+    fn drifted_condition(&self, drifted: &[&SlurmdPod]) -> Condition {
         if drifted.is_empty() {
             let msg = "no slurmd pod on the node predates its topology".into();
             return self.condition(condition::DRIFTED, "False", "InSync", msg);
@@ -262,7 +262,7 @@ impl<'a> Ctx<'a> {
             .and_then(|s| s.topology_since.as_ref());
         let msg = format!(
             "slurmd pod(s) {} started before the topology changed ({})",
-            names(drifted.iter().map(|p| pod_name(p))),
+            names(drifted.iter().map(|p| pod_name(&p.id))),
             since.map(|t| t.0.to_string()).unwrap_or_default()
         );
         self.condition(condition::DRIFTED, "True", "TopologyChanged", msg)
@@ -275,7 +275,7 @@ impl<'a> Ctx<'a> {
         &self,
         stale: bool,
         requeue: &mut Option<Duration>,
-    ) -> Vec<(&'a Pod, String)> {
+    ) -> Vec<(&'a GpuPod, &'a str)> {
         if stale || self.g.spec.mode != Mode::Mock {
             return Vec::new();
         }
@@ -288,14 +288,13 @@ impl<'a> Ctx<'a> {
         let grace = signed(self.input.settings.injection_grace);
         let mut out = Vec::new();
         for pod in self.input.pods.iter().copied() {
-            if pod.metadata.deletion_timestamp.is_some() {
+            if pod.id.deleting {
                 continue;
             }
-            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
             for (container, since) in gpu_containers(pod, &self.input.settings.gpu_resource) {
                 if pinning
                     .iter()
-                    .any(|p| p.pod_uid == uid && p.container == container)
+                    .any(|p| p.pod_uid == pod.id.uid() && p.container == container)
                 {
                     continue;
                 }
@@ -309,7 +308,7 @@ impl<'a> Ctx<'a> {
         out
     }
 
-    fn missing_condition(&self, missing: &[(&Pod, String)], stale: bool) -> Condition {
+    fn missing_condition(&self, missing: &[(&GpuPod, &str)], stale: bool) -> Condition {
         if self.g.spec.mode != Mode::Mock {
             return self.condition(
                 condition::INJECTION_MISSING,
@@ -328,7 +327,11 @@ impl<'a> Ctx<'a> {
         }
         let msg = format!(
             "running GPU container(s) without mockgpu's files: {}",
-            names(missing.iter().map(|(p, c)| format!("{}/{c}", pod_name(p))))
+            names(
+                missing
+                    .iter()
+                    .map(|(p, c)| format!("{}/{c}", pod_name(&p.id)))
+            )
         );
         self.condition(condition::INJECTION_MISSING, "True", "NotInjected", msg)
     }
@@ -347,83 +350,45 @@ fn requeue_at(requeue: &mut Option<Duration>, now: Timestamp, at: Timestamp) {
     *requeue = Some(requeue.map_or(wait, |r| r.min(wait)));
 }
 
-/// When the pod's containers started: the earliest running container, else the pod's start.
-fn started(pod: &Pod) -> Option<Timestamp> {
-    let status = pod.status.as_ref()?;
-    status
-        .container_statuses
-        .iter()
-        .flatten()
-        .filter_map(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
-        .map(|t| t.0)
-        .min()
-        .or(status.start_time.as_ref().map(|t| t.0))
-}
-
 /// The pod's running containers that request `resource`, with their start times.
-fn gpu_containers(pod: &Pod, resource: &str) -> Vec<(String, Timestamp)> {
-    let Some(spec) = pod.spec.as_ref() else {
-        return Vec::new();
-    };
-    let statuses = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref());
-    spec.containers
+fn gpu_containers<'p>(
+    pod: &'p GpuPod,
+    resource: &str,
+) -> impl Iterator<Item = (&'p str, Timestamp)> {
+    pod.containers
         .iter()
-        .filter(|c| asks_for(c, resource))
-        .filter_map(|c| {
-            let st = statuses?.iter().find(|s| s.name == c.name)?;
-            let since = st.state.as_ref()?.running.as_ref()?.started_at.as_ref()?.0;
-            Some((c.name.clone(), since))
-        })
-        .collect()
+        .filter(move |c| asks_for(c, resource))
+        .filter_map(|c| Some((&*c.name, c.running_since?)))
 }
 
 /// Whether the pod asks for `resource` in any container (the pods watched for InjectionMissing).
-pub fn requests_resource(pod: &Pod, resource: &str) -> bool {
-    pod.spec
-        .as_ref()
-        .is_some_and(|s| s.containers.iter().any(|c| asks_for(c, resource)))
+pub fn requests_resource(pod: &SlimPod, resource: &str) -> bool {
+    pod.containers.iter().any(|c| asks_for(c, resource))
 }
 
 /// Whether the container's limits or requests ask for a non-zero amount of `resource`.
-fn asks_for(c: &Container, resource: &str) -> bool {
-    c.resources.as_ref().is_some_and(|r| {
-        [&r.limits, &r.requests]
-            .into_iter()
-            .flatten()
-            .any(|m| m.get(resource).is_some_and(|q| q.0 != "0"))
-    })
+fn asks_for(c: &SlimContainer, resource: &str) -> bool {
+    c.resources.iter().any(|r| &**r == resource)
 }
 
-/// The name a slurmd pod's node registered under in Slurm: slurmd's default, the host name (the
-/// Kubernetes node's on the host network, otherwise the pod's `hostname` or name).
-pub fn slurm_node_name(pod: &Pod) -> String {
-    let spec = pod.spec.as_ref();
-    if spec.and_then(|s| s.host_network).unwrap_or(false)
-        && let Some(node) = spec.and_then(|s| s.node_name.clone())
-    {
-        return node;
+/// The name a slurmd pod on `node` registered under in Slurm: slurmd's default, the host name
+/// (the Kubernetes node's on the host network, otherwise the pod's `hostname` or name).
+pub fn slurm_node_name(pod: &SlurmdPod, node: &str) -> String {
+    if pod.host_network {
+        return node.to_string();
     }
-    spec.and_then(|s| s.hostname.clone())
-        .or_else(|| pod.metadata.name.clone())
-        .unwrap_or_default()
+    pod.hostname.as_deref().unwrap_or(pod.id.name()).to_string()
 }
 
-fn pod_name(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
+fn pod_name(pod: &PodRef) -> String {
+    format!("{}/{}", pod.namespace(), pod.name())
 }
 
-fn pod_action(pod: &Pod, why: &'static str) -> PodAction {
+fn pod_action(pod: &PodRef, why: &'static str) -> PodAction {
     PodAction {
-        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-        name: pod.metadata.name.clone().unwrap_or_default(),
-        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        namespace: pod.namespace().into(),
+        name: pod.name().into(),
+        uid: pod.uid().into(),
         why,
     }
 }
@@ -435,7 +400,7 @@ fn names(items: impl Iterator<Item = String>) -> String {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateRunning, ContainerStatus, PodSpec, PodStatus,
+        Container, ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodSpec, PodStatus,
         ResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -446,7 +411,7 @@ mod tests {
     use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, PCI_NVIDIA, PROFILE};
     use crate::slim::SlimNode;
     // node(owners, labels): node-a, with managed-fields entries of (manager, operation, keys)
-    use crate::slim::tests::{node_json as node, slim};
+    use crate::slim::tests::{node_json as node, slim, slim_pod};
 
     /// Seconds after an arbitrary origin.
     fn t(secs: i64) -> Timestamp {
@@ -565,12 +530,15 @@ mod tests {
         remediation: bool,
     }
 
+    /// The plan of `c`, its objects as the caches keep them.
     fn run(c: &Case<'_>) -> Plan {
+        let slurmd: Vec<SlurmdPod> = c.slurmd.iter().map(|p| (&slim_pod(p)).into()).collect();
+        let pods: Vec<GpuPod> = c.pods.iter().map(|p| (&slim_pod(p)).into()).collect();
         plan(&Input {
             gpunode: c.gpunode.map(slim).as_ref(),
             node: c.node.map(|n| &n.labels),
-            slurmd_pods: &c.slurmd,
-            pods: &c.pods,
+            slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
+            pods: &pods.iter().collect::<Vec<_>>(),
             now: t(c.now),
             settings: &settings(c.remediation),
         })

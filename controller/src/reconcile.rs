@@ -32,7 +32,7 @@ use crate::labels;
 use crate::labels::NodeLabels;
 use crate::metrics::{ActionLabels, Metrics};
 use crate::plan::{self, Input, Plan, Settings, requests_resource};
-use crate::slim::{NodeCache, SlimGpuNode, SlimNode};
+use crate::slim::{GpuPod, NodeCache, PodCache, SlimGpuNode, SlimNode, SlimPod, SlurmdPod};
 use crate::slurm::{NodeDeleted, SlurmNodes};
 
 /// A failed reconcile (retried after [`RETRY`]).
@@ -86,8 +86,8 @@ pub struct Context<S> {
     recorder: Recorder,
     metrics: Metrics,
     nodes: NodeCache,
-    slurmd: Store<Pod>,
-    pods: Store<Pod>,
+    slurmd: PodCache<SlurmdPod>,
+    pods: PodCache<GpuPod>,
     /// The three caches above have had their first list.
     synced: Synced,
 }
@@ -166,21 +166,17 @@ fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ReconcileErr
     move |source| ReconcileError::Kube { what, source }
 }
 
-fn on_node(pod: &Pod, node: &str) -> bool {
-    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
-}
-
-fn node_of(pod: Pod) -> Option<ObjectRef<SlimGpuNode>> {
-    pod.spec?.node_name.map(|n| ObjectRef::new(&n))
+fn node_of(pod: SlimPod) -> Option<ObjectRef<SlimGpuNode>> {
+    pod.node.map(|n| ObjectRef::new(&n))
 }
 
 /// Runs both controllers until they end (they do not, unless every watch stream ends); slurmd
 /// pods are those matching the label selector `slurmd_selector`.
 ///
-/// One watch per kind of object, each cached once (only what `plan` reads of GpuNodes and Nodes,
-/// see [`slim`](crate::slim); only GPU pods of all pods), shared by both controllers. The
-/// GpuNodes are listed last, once the other caches are: by then every Node and pod has
-/// triggered its GpuNode, and a (re)start reconciles each GpuNode once.
+/// One watch per kind of object, each cached once (only what `plan` reads, see
+/// [`slim`](crate::slim); pods by node, and only GPU pods of all pods), shared by both
+/// controllers. The GpuNodes are listed last, once the other caches are: by then every Node and
+/// pod has triggered its GpuNode, and a (re)start reconciles each GpuNode once.
 pub async fn controllers<S: SlurmNodes + 'static>(
     client: Client,
     settings: Settings,
@@ -191,7 +187,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
 ) {
     let gpunodes: Api<SlimGpuNode> = Api::all(client.clone());
     let nodes: Api<SlimNode> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client.clone());
+    let pods: Api<SlimPod> = Api::all(client.clone());
     let cfg = watcher::Config::default;
     // the sweep's triggers (Node names): every GpuNode deleted; every Node written that carries
     // labels of ours and has no GpuNode, once the GpuNodes are listed; and once they are, every
@@ -240,19 +236,18 @@ pub async fn controllers<S: SlurmNodes + 'static>(
             }
         }
     };
-    let (slurmd_store, w) = reflector::store();
-    let slurmd_cfg = cfg().labels(slurmd_selector);
-    let (slurmd_events, slurmd_listed) = first_list(reflector::reflector(
-        w,
-        watcher(pods.clone(), slurmd_cfg).modify(strip),
-    ));
+    let slurmd_cache = PodCache::default();
+    let cache = slurmd_cache.clone();
+    let (slurmd_events, slurmd_listed) = first_list(
+        watcher(pods.clone(), cfg().labels(slurmd_selector)).inspect_ok(move |e| cache.apply(e)),
+    );
     let resource = settings.gpu_resource.clone();
-    let (pod_store, w) = reflector::store();
-    let keep = resource.clone();
+    let pod_cache = PodCache::default();
+    let (cache, keep) = (pod_cache.clone(), resource.clone());
     let gpu_pods = watcher(pods, cfg())
         .try_filter(move |e| futures::future::ready(gpu_pod_event(e, &keep)))
-        .modify(strip);
-    let (pod_events, pods_listed) = first_list(reflector::reflector(w, gpu_pods));
+        .inspect_ok(move |e| cache.apply(e));
+    let (pod_events, pods_listed) = first_list(gpu_pods);
     let synced = Synced::all(vec![nodes_listed, slurmd_listed, pods_listed]);
     let (gone, to_sweep) = (metrics.clone(), sweep_tx.clone());
     let gpunode_events = gpunode_events.inspect_ok(move |e| {
@@ -273,8 +268,8 @@ pub async fn controllers<S: SlurmNodes + 'static>(
         metrics,
         synced,
         nodes: node_cache,
-        slurmd: slurmd_store,
-        pods: pod_store,
+        slurmd: slurmd_cache,
+        pods: pod_cache,
     });
     let main = Controller::for_stream(
         gpunode_events.default_backoff().applied_objects(),
@@ -294,7 +289,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     .for_each(|r| async move { log_result("GpuNode", r) });
     // the sweep: Nodes whose GpuNode is gone, from the same caches (a failed one is tried again
     // after RETRY)
-    let sweep_ctx = Arc::new((ctx, gpunode_store, gpunodes_listed));
+    let sweep_ctx = Arc::new((ctx, gpunode_store, gpunodes_listed.clone()));
     let sweep = sweep_rx.for_each_concurrent(usize::from(CONCURRENCY), move |name| {
         let (ctx, again) = (sweep_ctx.clone(), sweep_tx.clone());
         async move {
@@ -305,7 +300,22 @@ pub async fn controllers<S: SlurmNodes + 'static>(
             }
         }
     });
-    tokio::join!(main, sweep, first_sweep);
+    // the lists' garbage (the decoded pages, a few MB) goes back to the system once they are done
+    let trim = async move {
+        if gpunodes_listed.wait().await.is_ok() {
+            release_free_memory();
+        }
+    };
+    tokio::join!(main, sweep, first_sweep, trim);
+}
+
+/// Returns the heap's free memory to the system (glibc keeps what was freed in its arenas).
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only hands free pages of the heap back; it is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Whether node `name` carries labels of ours (`labels`) but has no GpuNode (in `gpunodes`,
@@ -326,7 +336,7 @@ fn forget_version<K: Resource>(o: &mut K) {
 
 /// Whether the all-pods cache keeps watch event `e`: pods that ask for `resource` (a pod's
 /// extended resources never change), every deletion and the list's bounds.
-fn gpu_pod_event(e: &watcher::Event<Pod>, resource: &str) -> bool {
+fn gpu_pod_event(e: &watcher::Event<SlimPod>, resource: &str) -> bool {
     match e {
         watcher::Event::Apply(p) | watcher::Event::InitApply(p) => requests_resource(p, resource),
         watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone => true,
@@ -340,11 +350,6 @@ where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
 {
     events.default_backoff().touched_objects()
-}
-
-/// Pods are cached without their managed fields (the biggest part, and unused).
-fn strip(pod: &mut Pod) {
-    pod.managed_fields_mut().clear();
 }
 
 /// Logs a failed reconcile. A GpuNode that does not exist (a Node without one, or a deleted
@@ -373,26 +378,23 @@ async fn reconcile_gpunode<S: SlurmNodes>(
     ctx.synced.wait().await?;
     let name = g.name_any();
     let node = ctx.nodes.get(&name);
-    let slurmd = ctx.slurmd.state_filter(|p| on_node(p, &name));
-    let resource = &ctx.settings.gpu_resource;
-    let pods = ctx
-        .pods
-        .state_filter(|p| on_node(p, &name) && requests_resource(p, resource));
-    let slurmd: Vec<&Pod> = slurmd.iter().map(AsRef::as_ref).collect();
-    let pods_ref: Vec<&Pod> = pods.iter().map(AsRef::as_ref).collect();
-    let p = plan::plan(&Input {
-        gpunode: Some(&g),
-        node: node.as_ref().map(|n| &n.labels),
-        slurmd_pods: &slurmd,
-        pods: &pods_ref,
-        now: Timestamp::now(),
-        settings: &ctx.settings,
+    let p = ctx.slurmd.on_node(&name, |slurmd| {
+        ctx.pods.on_node(&name, |pods| {
+            plan::plan(&Input {
+                gpunode: Some(&g),
+                node: node.as_ref().map(|n| &n.labels),
+                slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
+                pods: &pods.iter().collect::<Vec<_>>(),
+                now: Timestamp::now(),
+                settings: &ctx.settings,
+            })
+        })
     });
     let gone = g.metadata.deletion_timestamp.is_some();
     let held = g.status.as_ref().map_or(0, |s| s.held_gpus);
     ctx.metrics
         .node(&name, (!gone).then_some((g.spec.gpu_count, held)));
-    let result = execute(&ctx, &g, &p, &pods).await;
+    let result = execute(&ctx, &g, &p).await;
     ctx.metrics
         .reconcile_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -405,7 +407,6 @@ async fn execute<S: SlurmNodes>(
     ctx: &Context<S>,
     g: &SlimGpuNode,
     p: &Plan,
-    pods: &[Arc<Pod>],
 ) -> Result<(), ReconcileError> {
     let name = g.name_any();
     let gref = g.object_ref(&());
@@ -446,16 +447,7 @@ async fn execute<S: SlurmNodes>(
         if a.why == condition::DRIFTED && !slurm_done {
             continue;
         }
-        let pod = pods
-            .iter()
-            .find(|x| x.metadata.uid.as_deref() == Some(&a.uid))
-            .map(|x| x.object_ref(&()))
-            .or_else(|| {
-                ctx.slurmd
-                    .find(|x| x.metadata.uid.as_deref() == Some(&a.uid))
-                    .map(|x| x.object_ref(&()))
-            });
-        delete_pod(ctx, &gref, pod, a).await?;
+        delete_pod(ctx, &gref, a).await?;
     }
     Ok(())
 }
@@ -556,7 +548,6 @@ async fn delete_slurm_node<S: SlurmNodes>(
 async fn delete_pod<S>(
     ctx: &Context<S>,
     gref: &k8s_openapi::api::core::v1::ObjectReference,
-    pod_ref: Option<k8s_openapi::api::core::v1::ObjectReference>,
     a: &plan::PodAction,
 ) -> Result<(), ReconcileError> {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &a.namespace);
@@ -587,9 +578,16 @@ async fn delete_pod<S>(
             );
             ctx.event(gref, EventType::Normal, "PodDeleted", note.clone())
                 .await;
-            if let Some(p) = pod_ref {
-                ctx.event(&p, EventType::Normal, "PodDeleted", note).await;
-            }
+            let pod_ref = k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(a.namespace.clone()),
+                name: Some(a.name.clone()),
+                uid: Some(a.uid.clone()),
+                ..Default::default()
+            };
+            ctx.event(&pod_ref, EventType::Normal, "PodDeleted", note)
+                .await;
             Ok(())
         }
         Err(e) => {
@@ -686,6 +684,8 @@ pub fn recorder(client: Client, identity: &str) -> Recorder {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, ResourceRequirements};
+
+    use crate::slim::tests::slim_pod;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use kube::api::ObjectMeta;
 
@@ -757,19 +757,23 @@ mod tests {
     /// The all-pods cache keeps GPU pods only, and every deletion and list bound.
     #[test]
     fn only_gpu_pods_are_cached() {
-        let pod = |gpus: Option<&str>| Pod {
-            spec: Some(PodSpec {
-                containers: vec![Container {
-                    name: "c".into(),
-                    resources: gpus.map(|n| ResourceRequirements {
-                        limits: Some([("nvidia.com/gpu".to_string(), Quantity(n.into()))].into()),
+        let pod = |gpus: Option<&str>| {
+            slim_pod(&Pod {
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "c".into(),
+                        resources: gpus.map(|n| ResourceRequirements {
+                            limits: Some(
+                                [("nvidia.com/gpu".to_string(), Quantity(n.into()))].into(),
+                            ),
+                            ..Default::default()
+                        }),
                         ..Default::default()
-                    }),
+                    }],
                     ..Default::default()
-                }],
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
+            })
         };
         use watcher::Event::*;
         let cases = [

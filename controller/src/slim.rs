@@ -1,7 +1,8 @@
 //! What the controller keeps of the objects it watches: only the fields the decision (`plan`)
-//! reads. serde skips everything else while decoding, so the GPUs' details, the managed fields
-//! and the annotations of thousands of objects are never allocated: a full resync of a large
-//! cluster costs a fraction of the full objects' CPU and memory.
+//! reads. serde skips everything else while decoding, so the GPUs' details, most of a pod, the
+//! managed fields and the annotations of thousands of objects are never allocated: a full resync
+//! of a large cluster costs a fraction of the full objects' CPU and memory. Pods are cached by
+//! the node they are bound to, so that a reconcile looks up only its node's.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -9,8 +10,10 @@ use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::runtime::watcher;
 use mockgpu_api::gpunode::condition;
@@ -151,65 +154,285 @@ pub struct CachedNode {
 /// a store (a list replaces the whole cache at its end), but keeping only a [`CachedNode`] of
 /// each, not an object with its metadata. Clones share it.
 #[derive(Clone, Debug, Default)]
-pub struct NodeCache(Arc<RwLock<Nodes>>);
+pub struct NodeCache(Arc<RwLock<Listed<NodesByName>>>);
 
+type NodesByName = HashMap<String, Arc<CachedNode>>;
+
+/// A cache's contents, filled from a watch's events as kube-runtime's reflector fills a store: a
+/// list is gathered aside and replaces the contents at its end.
 #[derive(Debug, Default)]
-struct Nodes {
-    by_name: HashMap<String, Arc<CachedNode>>,
+struct Listed<M> {
+    current: M,
     /// A list in progress.
-    listing: Option<HashMap<String, Arc<CachedNode>>>,
+    listing: Option<M>,
+}
+
+/// How a cache's contents take in a watched object and let go of one.
+trait Contents<K>: Default {
+    fn insert(&mut self, o: &K);
+    fn remove(&mut self, o: &K);
+}
+
+impl<M> Listed<M> {
+    fn apply<K>(&mut self, e: &watcher::Event<K>)
+    where
+        M: Contents<K>,
+    {
+        match e {
+            watcher::Event::Apply(o) => self.current.insert(o),
+            watcher::Event::Delete(o) => self.current.remove(o),
+            watcher::Event::Init => self.listing = Some(M::default()),
+            watcher::Event::InitApply(o) => self.listing.get_or_insert_default().insert(o),
+            watcher::Event::InitDone => self.current = self.listing.take().unwrap_or_default(),
+        }
+    }
+}
+
+/// Applies `e` to the contents behind `lock` (a poisoned lock's contents are still whole: every
+/// change is one map operation).
+fn apply_locked<M: Contents<K>, K>(lock: &RwLock<Listed<M>>, e: &watcher::Event<K>) {
+    lock.write().unwrap_or_else(|p| p.into_inner()).apply(e);
+}
+
+fn read<M>(lock: &RwLock<Listed<M>>) -> std::sync::RwLockReadGuard<'_, Listed<M>> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Contents<SlimNode> for NodesByName {
+    fn insert(&mut self, n: &SlimNode) {
+        let cached = CachedNode {
+            uid: n.metadata.uid.clone(),
+            labels: n.labels.clone(),
+        };
+        let name = n.metadata.name.clone().unwrap_or_default();
+        HashMap::insert(self, name, Arc::new(cached));
+    }
+
+    fn remove(&mut self, n: &SlimNode) {
+        HashMap::remove(self, n.metadata.name.as_deref().unwrap_or_default());
+    }
 }
 
 impl NodeCache {
     /// Applies a watch event of the Nodes.
     pub fn apply(&self, e: &watcher::Event<SlimNode>) {
-        let entry = |n: &SlimNode| {
-            let cached = CachedNode {
-                uid: n.metadata.uid.clone(),
-                labels: n.labels.clone(),
-            };
-            (
-                n.metadata.name.clone().unwrap_or_default(),
-                Arc::new(cached),
-            )
-        };
-        let mut nodes = self.0.write().unwrap_or_else(|p| p.into_inner());
-        match e {
-            watcher::Event::Apply(n) => {
-                let (name, node) = entry(n);
-                nodes.by_name.insert(name, node);
-            }
-            watcher::Event::Delete(n) => {
-                nodes
-                    .by_name
-                    .remove(n.metadata.name.as_deref().unwrap_or_default());
-            }
-            watcher::Event::Init => nodes.listing = Some(HashMap::new()),
-            watcher::Event::InitApply(n) => {
-                let (name, node) = entry(n);
-                nodes.listing.get_or_insert_default().insert(name, node);
-            }
-            watcher::Event::InitDone => {
-                nodes.by_name = nodes.listing.take().unwrap_or_default();
-            }
-        }
+        apply_locked(&self.0, e);
     }
 
     /// Node `name`, if cached.
     pub fn get(&self, name: &str) -> Option<Arc<CachedNode>> {
-        let nodes = self.0.read().unwrap_or_else(|p| p.into_inner());
-        nodes.by_name.get(name).cloned()
+        read(&self.0).current.get(name).cloned()
     }
 
     /// The names of the cached Nodes that `pick` picks.
     pub fn names(&self, mut pick: impl FnMut(&str, &CachedNode) -> bool) -> Vec<String> {
-        let nodes = self.0.read().unwrap_or_else(|p| p.into_inner());
-        nodes
-            .by_name
+        read(&self.0)
+            .current
             .iter()
             .filter(|(name, n)| pick(name, n))
             .map(|(name, _)| name.clone())
             .collect()
+    }
+}
+
+/// A pod as the controller watches it: its metadata for the watch (name, namespace, UID,
+/// resource version, deletion time), the node it is bound to, and what either pod cache keeps
+/// ([`SlurmdPod`], [`GpuPod`]). The rest (the managed fields, most of the spec and status) is
+/// skipped while decoding.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(from = "RawPod")]
+pub struct SlimPod {
+    /// Name, namespace, UID, resource version and deletion time only.
+    pub metadata: ObjectMeta,
+    /// `spec.nodeName` (`None`: not scheduled yet).
+    pub node: Option<String>,
+    /// Who it is, and whether it is being deleted.
+    pub id: PodRef,
+    /// On the host network.
+    pub host_network: bool,
+    /// `spec.hostname`.
+    pub hostname: Option<Box<str>>,
+    /// When its containers started: the earliest running container's start, else the pod's.
+    pub started: Option<Timestamp>,
+    /// The containers (of `spec.containers`) that ask for extended resources.
+    pub containers: Box<[SlimContainer]>,
+}
+
+/// Who a cached pod is (for deleting it and Events about it), and whether it is being deleted.
+/// Boxed strings and slices here and below: no spare capacity in thousands of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRef {
+    /// `namespace/name/uid`, in one allocation (none of them holds a `/`).
+    key: Box<str>,
+    /// Being deleted (it has a deletion time).
+    pub deleting: bool,
+}
+
+impl PodRef {
+    /// Pod `namespace/name` of `uid`.
+    pub fn new(namespace: &str, name: &str, uid: &str, deleting: bool) -> Self {
+        Self {
+            key: format!("{namespace}/{name}/{uid}").into(),
+            deleting,
+        }
+    }
+
+    fn part(&self, i: usize) -> &str {
+        self.key.splitn(3, '/').nth(i).unwrap_or_default()
+    }
+
+    /// Namespace.
+    pub fn namespace(&self) -> &str {
+        self.part(0)
+    }
+
+    /// Name.
+    pub fn name(&self) -> &str {
+        self.part(1)
+    }
+
+    /// UID.
+    pub fn uid(&self) -> &str {
+        self.part(2)
+    }
+}
+
+/// A container asking for extended resources.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlimContainer {
+    /// Its name.
+    pub name: Box<str>,
+    /// The extended resources (names with a domain, such as `nvidia.com/gpu`) its limits or
+    /// requests ask a non-zero amount of.
+    pub resources: Box<[Box<str>]>,
+    /// When it started running (`None`: not running).
+    pub running_since: Option<Timestamp>,
+}
+
+/// A slurmd pod as its cache keeps it: what `Drifted` and the Slurm node's name read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlurmdPod {
+    /// Who it is.
+    pub id: PodRef,
+    /// On the host network.
+    pub host_network: bool,
+    /// `spec.hostname`.
+    pub hostname: Option<Box<str>>,
+    /// When its containers started.
+    pub started: Option<Timestamp>,
+}
+
+/// A pod asking for GPUs as its cache keeps it: what `InjectionMissing` reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuPod {
+    /// Who it is.
+    pub id: PodRef,
+    /// Its containers that ask for extended resources.
+    pub containers: Box<[SlimContainer]>,
+}
+
+impl From<&SlimPod> for SlurmdPod {
+    fn from(p: &SlimPod) -> Self {
+        Self {
+            id: p.id.clone(),
+            host_network: p.host_network,
+            hostname: p.hostname.clone(),
+            started: p.started,
+        }
+    }
+}
+
+impl From<&SlimPod> for GpuPod {
+    fn from(p: &SlimPod) -> Self {
+        Self {
+            id: p.id.clone(),
+            containers: p.containers.clone(),
+        }
+    }
+}
+
+/// What a pod cache keeps of each pod.
+pub trait KeptPod: for<'a> From<&'a SlimPod> {
+    /// Who it is.
+    fn id(&self) -> &PodRef;
+}
+
+impl KeptPod for SlurmdPod {
+    fn id(&self) -> &PodRef {
+        &self.id
+    }
+}
+
+impl KeptPod for GpuPod {
+    fn id(&self) -> &PodRef {
+        &self.id
+    }
+}
+
+/// A pod cache: the pods of one watch as `T`, by the node they are bound to. A pod is cached once
+/// it is bound (an unscheduled one is of no node's concern) and under that node for good: the API
+/// server never changes a bound pod's `spec.nodeName`. Clones share it.
+#[derive(Debug)]
+pub struct PodCache<T>(Arc<RwLock<Listed<PodsByNode<T>>>>);
+
+impl<T> Clone for PodCache<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T> Default for PodCache<T> {
+    fn default() -> Self {
+        Self(Arc::default())
+    }
+}
+
+/// The pods on each node, in place (no `Arc`, and its allocation, for each).
+#[derive(Debug)]
+struct PodsByNode<T>(HashMap<String, Vec<T>>);
+
+impl<T> Default for PodsByNode<T> {
+    fn default() -> Self {
+        Self(HashMap::new())
+    }
+}
+
+impl<T: KeptPod> Contents<SlimPod> for PodsByNode<T> {
+    fn insert(&mut self, p: &SlimPod) {
+        let Some(node) = &p.node else { return };
+        let Some(pods) = self.0.get_mut(node) else {
+            self.0.insert(node.clone(), vec![T::from(p)]);
+            return;
+        };
+        match pods.iter_mut().find(|q| q.id().uid() == p.id.uid()) {
+            Some(q) => *q = T::from(p),
+            None => {
+                pods.reserve_exact(1);
+                pods.push(T::from(p));
+            }
+        }
+    }
+
+    fn remove(&mut self, p: &SlimPod) {
+        let Some(node) = &p.node else { return };
+        if let Some(pods) = self.0.get_mut(node) {
+            pods.retain(|q| q.id().uid() != p.id.uid());
+            if pods.is_empty() {
+                self.0.remove(node);
+            }
+        }
+    }
+}
+
+impl<T: KeptPod> PodCache<T> {
+    /// Applies a watch event of the pods.
+    pub fn apply(&self, e: &watcher::Event<SlimPod>) {
+        apply_locked(&self.0, e);
+    }
+
+    /// `f` of the cached pods bound to `node` (the cache is locked for reading meanwhile).
+    pub fn on_node<R>(&self, node: &str, f: impl FnOnce(&[T]) -> R) -> R {
+        f(read(&self.0).current.0.get(node).map_or(&[], Vec::as_slice))
     }
 }
 
@@ -218,6 +441,7 @@ impl NodeCache {
 #[serde(rename_all = "camelCase")]
 struct Meta {
     name: Option<String>,
+    namespace: Option<String>,
     uid: Option<String>,
     resource_version: Option<String>,
     generation: Option<i64>,
@@ -229,6 +453,7 @@ impl From<Meta> for ObjectMeta {
     fn from(m: Meta) -> Self {
         ObjectMeta {
             name: m.name,
+            namespace: m.namespace,
             uid: m.uid,
             resource_version: m.resource_version,
             generation: m.generation,
@@ -342,6 +567,136 @@ impl From<RawNode> for SlimNode {
     }
 }
 
+/// A pod as decoded before [`SlimPod`] keeps its part.
+#[derive(Deserialize)]
+struct RawPod {
+    #[serde(deserialize_with = "slim_meta")]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<RawPodSpec>,
+    #[serde(default)]
+    status: Option<RawPodStatus>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawPodSpec {
+    node_name: Option<String>,
+    host_network: Option<bool>,
+    hostname: Option<String>,
+    #[serde(default)]
+    containers: Vec<RawContainer>,
+}
+
+#[derive(Deserialize)]
+struct RawContainer {
+    name: String,
+    #[serde(default)]
+    resources: Option<RawResources>,
+}
+
+#[derive(Deserialize)]
+struct RawResources {
+    #[serde(default)]
+    limits: Option<BTreeMap<String, Quantity>>,
+    #[serde(default)]
+    requests: Option<BTreeMap<String, Quantity>>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawPodStatus {
+    start_time: Option<Time>,
+    #[serde(default)]
+    container_statuses: Option<Vec<RawContainerStatus>>,
+}
+
+#[derive(Deserialize)]
+struct RawContainerStatus {
+    name: String,
+    #[serde(default)]
+    state: Option<RawContainerState>,
+}
+
+#[derive(Deserialize)]
+struct RawContainerState {
+    #[serde(default)]
+    running: Option<RawRunning>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawRunning {
+    started_at: Option<Time>,
+}
+
+impl RawContainerStatus {
+    fn running_since(&self) -> Option<Timestamp> {
+        Some(
+            self.state
+                .as_ref()?
+                .running
+                .as_ref()?
+                .started_at
+                .as_ref()?
+                .0,
+        )
+    }
+}
+
+impl From<RawPod> for SlimPod {
+    fn from(raw: RawPod) -> Self {
+        let m = raw.metadata;
+        let spec = raw.spec.unwrap_or_default();
+        let status = raw.status.unwrap_or_default();
+        let statuses = status.container_statuses.unwrap_or_default();
+        let started = statuses
+            .iter()
+            .filter_map(RawContainerStatus::running_since)
+            .min()
+            .or(status.start_time.map(|t| t.0));
+        let containers = spec
+            .containers
+            .into_iter()
+            .filter_map(|c| {
+                let r = c.resources?;
+                let mut resources: Vec<Box<str>> = [r.limits, r.requests]
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|(name, q)| name.contains('/') && q.0 != "0")
+                    .map(|(name, _)| name.into())
+                    .collect();
+                resources.sort_unstable();
+                resources.dedup();
+                (!resources.is_empty()).then(|| SlimContainer {
+                    running_since: statuses
+                        .iter()
+                        .find(|s| s.name == c.name)
+                        .and_then(RawContainerStatus::running_since),
+                    name: c.name.into(),
+                    resources: resources.into(),
+                })
+            })
+            .collect::<Vec<_>>()
+            .into();
+        SlimPod {
+            id: PodRef::new(
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default(),
+                m.uid.as_deref().unwrap_or_default(),
+                m.deletion_timestamp.is_some(),
+            ),
+            metadata: m,
+            node: spec.node_name,
+            host_network: spec.host_network.unwrap_or(false),
+            hostname: spec.hostname.map(String::into_boxed_str),
+            started,
+            containers,
+        }
+    }
+}
+
 /// `Resource` for `$slim`, a slim form of `$full`: the same kind, group, version and plural.
 macro_rules! resource_of {
     ($slim:ty, $full:ty, metadata_api: $metadata_api:expr) => {
@@ -377,6 +732,7 @@ macro_rules! resource_of {
 resource_of!(SlimGpuNode, GpuNode, metadata_api: false);
 // metadata only (`PartialObjectMetadata`): the API server sends no spec or status
 resource_of!(SlimNode, Node, metadata_api: true);
+resource_of!(SlimPod, Pod, metadata_api: false);
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -391,6 +747,11 @@ pub(crate) mod tests {
     /// `g` as the controller caches it (through its JSON, as from the API server).
     pub(crate) fn slim(g: &GpuNode) -> SlimGpuNode {
         serde_json::from_value(serde_json::to_value(g).unwrap()).unwrap()
+    }
+
+    /// `p` as the controller watches it (through its JSON, as from the API server).
+    pub(crate) fn slim_pod(p: &Pod) -> SlimPod {
+        serde_json::from_value(serde_json::to_value(p).unwrap()).unwrap()
     }
 
     fn gpu(minor: u32, model: &str) -> GpuNodeGpu {
@@ -498,6 +859,11 @@ pub(crate) mod tests {
             GpuNode::url_path(&(), None)
         );
         assert_eq!(SlimNode::url_path(&(), None), Node::url_path(&(), None));
+        assert_eq!(
+            SlimPod::url_path(&(), Some("ns")),
+            Pod::url_path(&(), Some("ns"))
+        );
+        assert!(!SlimPod::metadata_api());
         assert_eq!(SlimNode::kind(&()), "Node");
         assert!(SlimNode::metadata_api() && !SlimGpuNode::metadata_api());
     }
@@ -542,6 +908,208 @@ pub(crate) mod tests {
         };
         assert_eq!(SeenCondition::of(&odd).unwrap().status, None);
         assert_eq!(SeenCondition::of(&cond(condition::READY)), None);
+    }
+
+    /// A slurmd pod as the API server sends a Slinky NodeSet's: managed fields, an init
+    /// container, a sidecar, volumes, probes, conditions; of its two containers the slurmd asks for
+    /// GPUs (and CPUs and memory), the sidecar for none.
+    fn slurmd_json() -> serde_json::Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "slurm-worker-gpu-0", "namespace": "slurm", "uid": "pu-1",
+                "resourceVersion": "42", "generation": 1,
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"app.kubernetes.io/name": "slurmd", "controller-revision-hash": "x"},
+                "annotations": {"kubectl.kubernetes.io/default-container": "slurmd"},
+                "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                    "name": "slurm-worker-gpu", "uid": "ns-1", "controller": true}],
+                "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
+                    "time": "2026-01-01T00:00:05Z", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:status": {"f:conditions": {}}}, "subresource": "status"}],
+            },
+            "spec": {
+                "nodeName": "node-a", "hostname": "gpu-0", "subdomain": "slurm-worker",
+                "serviceAccountName": "default",
+                "initContainers": [{"name": "init", "image": "busybox",
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
+                "containers": [
+                    {"name": "slurmd", "image": "ghcr.io/slinkyproject/slurmd:24.11",
+                     "args": ["-Z"], "env": [{"name": "X", "value": "y"}],
+                     "securityContext": {"privileged": true},
+                     "readinessProbe": {"exec": {"command": ["true"]}},
+                     "resources": {
+                         "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "8",
+                                    "example.com/nic": "0"},
+                         "requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "8",
+                                      "example.com/fpga": "1"}}},
+                    {"name": "logs", "image": "busybox",
+                     "resources": {"limits": {"cpu": "100m"}}},
+                ],
+                "volumes": [{"name": "etc", "configMap": {"name": "slurm-config"}}],
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            },
+            "status": {
+                "phase": "Running", "hostIP": "10.0.0.1", "podIP": "10.1.0.5",
+                "startTime": "2026-01-01T00:00:01Z",
+                "conditions": [{"type": "Ready", "status": "True",
+                    "lastTransitionTime": "2026-01-01T00:00:09Z"}],
+                "initContainerStatuses": [{"name": "init", "ready": false, "restartCount": 0,
+                    "image": "busybox", "imageID": "sha256:1",
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}],
+                "containerStatuses": [
+                    {"name": "slurmd", "ready": true, "restartCount": 1, "image": "slurmd",
+                     "imageID": "sha256:2", "containerID": "containerd://a",
+                     "state": {"running": {"startedAt": "2026-01-01T00:00:08Z"}},
+                     "lastState": {"terminated": {"exitCode": 1,
+                         "startedAt": "2026-01-01T00:00:02Z"}}},
+                    {"name": "logs", "ready": true, "restartCount": 0, "image": "busybox",
+                     "imageID": "sha256:1",
+                     "state": {"running": {"startedAt": "2026-01-01T00:00:06Z"}}},
+                ],
+            },
+        })
+    }
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_pod_keeps_what_the_decision_reads() {
+        let p: SlimPod = serde_json::from_value(slurmd_json()).unwrap();
+        assert_eq!(p.node.as_deref(), Some("node-a"));
+        let m = &p.metadata;
+        assert_eq!(
+            (
+                m.name.as_deref(),
+                m.namespace.as_deref(),
+                m.uid.as_deref(),
+                m.resource_version.as_deref()
+            ),
+            (
+                Some("slurm-worker-gpu-0"),
+                Some("slurm"),
+                Some("pu-1"),
+                Some("42")
+            )
+        );
+        assert_eq!((&m.labels, &m.managed_fields), (&None, &None));
+        let id = PodRef::new("slurm", "slurm-worker-gpu-0", "pu-1", false);
+        assert_eq!(
+            (id.namespace(), id.name(), id.uid()),
+            ("slurm", "slurm-worker-gpu-0", "pu-1")
+        );
+        assert_eq!(
+            SlurmdPod::from(&p),
+            SlurmdPod {
+                id: id.clone(),
+                host_network: false,
+                hostname: Some("gpu-0".into()),
+                // the sidecar's start: the earliest running container's
+                started: Some(at("2026-01-01T00:00:06Z")),
+            }
+        );
+        assert_eq!(
+            GpuPod::from(&p),
+            GpuPod {
+                id,
+                // not the init container, nor the sidecar; no CPUs, no memory, no zero amounts
+                containers: [SlimContainer {
+                    name: "slurmd".into(),
+                    resources: ["example.com/fpga".into(), "nvidia.com/gpu".into()].into(),
+                    running_since: Some(at("2026-01-01T00:00:08Z")),
+                }]
+                .into(),
+            }
+        );
+    }
+
+    /// A pod not running yet: the pod's start, a container not running; a pod being deleted on
+    /// the host network; a bare pod (no spec, no status).
+    #[test]
+    fn a_pod_before_and_after_it_runs() {
+        let mut j = slurmd_json();
+        j["status"] = json!({"phase": "Pending", "startTime": "2026-01-01T00:00:01Z",
+            "containerStatuses": [{"name": "slurmd", "state": {"waiting": {"reason": "x"}}}]});
+        j["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:01:00Z");
+        j["spec"]["hostNetwork"] = json!(true);
+        let p: SlimPod = serde_json::from_value(j).unwrap();
+        assert_eq!(p.started, Some(at("2026-01-01T00:00:01Z")));
+        assert_eq!(p.containers[0].running_since, None);
+        assert!(p.id.deleting && p.host_network);
+        let bare: SlimPod =
+            serde_json::from_value(json!({"metadata": {"name": "b", "namespace": "n"}})).unwrap();
+        assert_eq!((bare.node, bare.started), (None, None));
+        assert!(bare.containers.is_empty());
+    }
+
+    /// A pod of `uid` on `node` (`None`: unscheduled), named after its UID.
+    fn pod_on(uid: &str, node: Option<&str>, hostname: &str) -> SlimPod {
+        let mut j = json!({
+            "metadata": {"name": uid, "namespace": "slurm", "uid": uid, "resourceVersion": "1"},
+            "spec": {"hostname": hostname, "containers": []},
+        });
+        if let Some(n) = node {
+            j["spec"]["nodeName"] = json!(n);
+        }
+        serde_json::from_value(j).unwrap()
+    }
+
+    /// The pod index follows the watch: applies (a pod bound later is found on its node then),
+    /// updates, deletions, and a relist that replaces it at its end, dropping the pods it lacks.
+    #[test]
+    fn the_pod_cache_follows_the_watch() {
+        use watcher::Event::*;
+        let cache = PodCache::<SlurmdPod>::default();
+        // (uid, hostname) of the pods on `node`
+        let on = |node: &str| -> Vec<(Box<str>, Option<Box<str>>)> {
+            let mut v: Vec<_> = cache.on_node(node, |pods| {
+                pods.iter()
+                    .map(|p| (p.id.uid().into(), p.hostname.clone()))
+                    .collect()
+            });
+            v.sort();
+            v
+        };
+        let ids = |v: &[(&str, &str)]| -> Vec<(Box<str>, Option<Box<str>>)> {
+            v.iter()
+                .map(|(u, h)| ((*u).into(), Some((*h).into())))
+                .collect()
+        };
+        for e in [
+            Init,
+            InitApply(pod_on("a", Some("n1"), "h")),
+            InitApply(pod_on("b", Some("n1"), "h")),
+            InitApply(pod_on("c", Some("n2"), "h")),
+            InitApply(pod_on("p", None, "h")),
+            InitDone,
+        ] {
+            cache.apply(&e);
+        }
+        assert_eq!(on("n1"), ids(&[("a", "h"), ("b", "h")]));
+        assert_eq!(on("n2"), ids(&[("c", "h")]));
+        // the unscheduled pod is bound: found on its node from then on
+        cache.apply(&Apply(pod_on("p", Some("n2"), "h")));
+        assert_eq!(on("n2"), ids(&[("c", "h"), ("p", "h")]));
+        // an update replaces the pod's entry
+        cache.apply(&Apply(pod_on("a", Some("n1"), "h2")));
+        assert_eq!(on("n1"), ids(&[("a", "h2"), ("b", "h")]));
+        cache.apply(&Delete(pod_on("b", Some("n1"), "h")));
+        cache.apply(&Delete(pod_on("c", Some("n2"), "h")));
+        assert_eq!(on("n1"), ids(&[("a", "h2")]));
+        assert_eq!(on("n2"), ids(&[("p", "h")]));
+        // deleting an unscheduled or unknown pod changes nothing
+        cache.apply(&Delete(pod_on("q", None, "h")));
+        cache.apply(&Delete(pod_on("r", Some("n1"), "h")));
+        assert_eq!(on("n1"), ids(&[("a", "h2")]));
+        // a relist: the old entries stay until it is done, then only the listed ones are left
+        cache.apply(&Init);
+        cache.apply(&InitApply(pod_on("d", Some("n1"), "h")));
+        assert_eq!(on("n1"), ids(&[("a", "h2")]));
+        cache.apply(&InitDone);
+        assert_eq!(on("n1"), ids(&[("d", "h")]));
+        assert_eq!(on("n2"), []);
     }
 
     /// A Node's metadata as the API server sends it: the kubelet's labels, ours, and the

@@ -1,5 +1,5 @@
 //! The controller's scale benchmark, driven by `bench/controller-scale.sh` against a real API
-//! server: bulk creation of GpuNodes and their Nodes, and a full resync of all of them through kube-runtime's
+//! server: bulk creation of GpuNodes, their Nodes and a slurmd pod on each, and a full resync of all of them through kube-runtime's
 //! `Controller` (the machinery `mockgpu-controller run` is built on) with a reconcile that only
 //! counts, measured in the process itself: CPU time (getrusage) and resident memory (VmRSS)
 //! once every listed object has been reconciled.
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -30,8 +30,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create Nodes `<prefix>-00000`, ... (as a kubelet registers them) and their GpuNodes with
-    /// `--gpus` GPUs each (as an agent reports them).
+    /// Create Nodes `<prefix>-00000`, ... (as a kubelet registers them), their GpuNodes with
+    /// `--gpus` GPUs each (as an agent reports them) and a slurmd pod bound to each.
     Create {
         #[arg(long, default_value_t = 5000)]
         count: usize,
@@ -43,7 +43,7 @@ enum Command {
         #[arg(long, default_value = "bench-node")]
         prefix: String,
     },
-    /// Delete every GpuNode and every Node `create` made.
+    /// Delete every GpuNode, Node and pod `create` made.
     DeleteAll,
     /// List and reconcile every GpuNode once; print the CPU time and RSS it took.
     Resync {
@@ -91,8 +91,11 @@ fn gpu_node(prefix: &str, node: usize, gpus: u32) -> GpuNode {
     GpuNode::new(&name, spec)
 }
 
-/// The label on every Node `create` makes (`delete-all` deletes them by it).
+/// The label on every Node and pod `create` makes (`delete-all` deletes them by it).
 const BENCH_LABEL: &str = "bench.mockgpu.io/controller-scale";
+
+/// The namespace of the slurmd pods.
+const SLURM_NAMESPACE: &str = "bench-slurm";
 
 /// A Node as a kubelet registers it (its labels and annotations; the status is not looked at:
 /// the controller watches Nodes' metadata only).
@@ -130,6 +133,77 @@ fn node(name: &str) -> Node {
     }
 }
 
+/// A slurmd pod as a Slinky NodeSet makes it, bound to `node` (there is no scheduler, nor a
+/// kubelet: it stays Pending, its containers never start) and asking for all its `gpus`.
+fn slurmd_pod(node: &str, gpus: u32) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": format!("slurm-worker-{node}"),
+            "namespace": SLURM_NAMESPACE,
+            "labels": {
+                "app.kubernetes.io/name": "slurmd",
+                "app.kubernetes.io/instance": "slurm-worker-bench",
+                "app.kubernetes.io/component": "worker",
+                BENCH_LABEL: "true",
+            },
+            "annotations": {"kubectl.kubernetes.io/default-container": "slurmd"},
+        },
+        "spec": {
+            "nodeName": node,
+            "hostname": node,
+            "subdomain": "slurm-worker",
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "slurmd",
+                "image": "ghcr.io/slinkyproject/slurmd:25.05-ubuntu24.04",
+                "args": ["-Z", "--conf-server", "slurm-controller.slurm:6817"],
+                "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                "ports": [{"name": "slurmd", "containerPort": 6818, "protocol": "TCP"}],
+                "resources": {"limits": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": gpus.to_string()}},
+                "securityContext": {"privileged": true},
+                "volumeMounts": [{"name": "slurm-config", "mountPath": "/etc/slurm"}],
+            }],
+            "volumes": [{"name": "slurm-config", "configMap": {"name": "slurm-config"}}],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    })
+}
+
+/// Creates the slurmd pods' namespace and its `default` service account (no controller-manager
+/// makes it), if missing.
+async fn slurm_namespace(client: &Client) -> anyhow::Result<()> {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(SLURM_NAMESPACE.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    let sa = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("default".into()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    let pp = PostParams::default();
+    let exists = |r: Result<(), kube::Error>| match r {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        r => r,
+    };
+    exists(Api::all(client.clone()).create(&pp, &ns).await.map(drop))
+        .context("creating the slurmd pods' namespace")?;
+    exists(
+        Api::namespaced(client.clone(), SLURM_NAMESPACE)
+            .create(&pp, &sa)
+            .await
+            .map(drop),
+    )
+    .context("creating the slurmd pods' service account")
+}
+
 /// The status an agent reports for a fresh, healthy node (heartbeat now, `Ready`, nothing pinned).
 fn agent_status(name: &str) -> serde_json::Value {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -152,16 +226,20 @@ fn agent_status(name: &str) -> serde_json::Value {
 }
 
 /// Creates the Nodes (as the kubelet's field manager), the GpuNodes, and applies their agent
-/// status (two requests each, as an agent does).
+/// status (two requests each, as an agent does); then a slurmd pod on each node, with the start
+/// time a kubelet would report (after the agent's `topologySince`: not Drifted).
 async fn create(
-    nodes: Api<Node>,
-    api: Api<GpuNode>,
+    client: Client,
     count: usize,
     gpus: u32,
     parallel: usize,
     prefix: &str,
 ) -> anyhow::Result<()> {
     let t = Instant::now();
+    slurm_namespace(&client).await?;
+    let (nodes, api): (Api<Node>, Api<GpuNode>) =
+        (Api::all(client.clone()), Api::all(client.clone()));
+    let pods: Api<Pod> = Api::namespaced(client, SLURM_NAMESPACE);
     let (pp, apply) = (PostParams::default(), PatchParams::apply(AGENT_MANAGER));
     let kubelet = PostParams {
         field_manager: Some("kubelet".into()),
@@ -170,7 +248,7 @@ async fn create(
     futures::stream::iter(0..count)
         .map(|i| {
             let (api, pp, apply, obj) = (&api, &pp, &apply, gpu_node(prefix, i, gpus));
-            let (nodes, kubelet) = (&nodes, &kubelet);
+            let (nodes, kubelet, pods) = (&nodes, &kubelet, &pods);
             async move {
                 let name = obj.name_any();
                 nodes
@@ -183,6 +261,15 @@ async fn create(
                 api.patch_status(&name, apply, &Patch::Apply(agent_status(&name)))
                     .await
                     .with_context(|| format!("status of {name}"))?;
+                let pod: Pod = serde_json::from_value(slurmd_pod(&name, gpus))?;
+                let pod = pods
+                    .create(pp, &pod)
+                    .await
+                    .with_context(|| format!("creating the slurmd pod of {name}"))?;
+                let started = serde_json::json!({"status": {"startTime": Time(k8s_openapi::jiff::Timestamp::now())}});
+                pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(started))
+                    .await
+                    .with_context(|| format!("status of the slurmd pod of {name}"))?;
                 anyhow::Ok(())
             }
         })
@@ -190,7 +277,7 @@ async fn create(
         .try_for_each(|_| async { Ok(()) })
         .await?;
     println!(
-        "created nodes+gpunodes count={count} gpus={gpus} parallel={parallel} ms={}",
+        "created nodes+gpunodes+slurmd_pods count={count} gpus={gpus} parallel={parallel} ms={}",
         t.elapsed().as_millis()
     );
     Ok(())
@@ -307,22 +394,23 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("connecting to the API server")?;
     let api: Api<GpuNode> = Api::all(client.clone());
-    let nodes: Api<Node> = Api::all(client);
     match cli.command {
         Command::Create {
             count,
             gpus,
             parallel,
             prefix,
-        } => create(nodes, api, count, gpus, parallel, &prefix).await,
+        } => create(client, count, gpus, parallel, &prefix).await,
         Command::DeleteAll => {
+            let mine = ListParams::default().labels(BENCH_LABEL);
             api.delete_collection(&DeleteParams::default(), &ListParams::default())
                 .await?;
-            nodes
-                .delete_collection(
-                    &DeleteParams::default(),
-                    &ListParams::default().labels(BENCH_LABEL),
-                )
+            // no kubelet confirms a bound pod's deletion: at once
+            Api::<Pod>::namespaced(client.clone(), SLURM_NAMESPACE)
+                .delete_collection(&DeleteParams::default().grace_period(0), &mine)
+                .await?;
+            Api::<Node>::all(client)
+                .delete_collection(&DeleteParams::default(), &mine)
                 .await?;
             Ok(())
         }
