@@ -437,8 +437,9 @@ async fn a_successor_waits_for_the_first_plugin_to_stop() {
     // the nodes again and registers.
     drop(stop_first);
     ended(first).await.unwrap();
+    // (the new socket may get the old one's inode number: the first one ended, and the
+    // successor's socket answers below)
     assert_eq!(kubelet.registered_by(&mut second.task).await, registered);
-    assert_ne!(fs::metadata(&socket).unwrap().ino(), before);
     let dev = node.layout().dev_dir();
     let nodes_back = async {
         while !["nvidia0", "nvidia3", "nvidiactl"]
