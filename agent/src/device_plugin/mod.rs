@@ -463,14 +463,21 @@ impl DevicePlugin for Service {
     }
 }
 
-/// A file's identity (device and inode), to notice it being recreated.
-fn identity(path: &Path) -> Option<(u64, u64)> {
-    fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+/// A file's device, inode and change time: a file made anew may get a deleted one's inode
+/// number (ext4 reuses them), and its change time too only within one tick of the kernel's
+/// file-time clock (a few milliseconds).
+type FileId = (u64, u64, i64, i64);
+
+/// A file's identity, to notice it being recreated.
+fn identity(path: &Path) -> Option<FileId> {
+    fs::metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 /// One served socket: its identity and what stops it.
 struct Session {
-    identity: Option<(u64, u64)>,
+    identity: Option<FileId>,
     stop: watch::Sender<bool>,
 }
 
