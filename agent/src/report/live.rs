@@ -145,30 +145,13 @@ impl GpuNodes for Live {
         Ok(applied.metadata.uid.unwrap_or_default())
     }
 
-    async fn apply_status(&self, name: &str, status: &GpuNodeStatus) -> Result<(), ApiError> {
-        self.patch_status(name, status, None).await.map(drop)
-    }
-
-    async fn apply_status_at(
-        &self,
-        name: &str,
-        status: &GpuNodeStatus,
-        resource_version: &str,
-    ) -> Result<bool, ApiError> {
-        self.patch_status(name, status, Some(resource_version))
-            .await
-    }
-}
-
-impl Live {
-    /// Server-side applies `status`; with `resource_version`, only to the object at that
-    /// version (the API server refuses the apply with 409 once it changed): false then.
-    async fn patch_status(
+    async fn apply_status(
         &self,
         name: &str,
         status: &GpuNodeStatus,
         resource_version: Option<&str>,
     ) -> Result<bool, ApiError> {
+        // with a resourceVersion, the API server refuses the apply (409) once the object changed
         let mut metadata = serde_json::json!({"name": name});
         if let Some(version) = resource_version {
             metadata["resourceVersion"] = version.into();

@@ -47,19 +47,14 @@ pub trait GpuNodes: Send + Sync + 'static {
     /// Server-side applies `object` (metadata and spec), creating it if need be; the uid of
     /// the object applied.
     fn apply(&self, object: &GpuNode) -> impl Future<Output = Result<String, ApiError>> + Send;
-    /// Server-side applies `status` to the GpuNode `name`'s status subresource.
+    /// Server-side applies `status` to the GpuNode `name`'s status subresource; with
+    /// `resource_version`, only while the object is at that version (false when it has
+    /// changed since).
     fn apply_status(
         &self,
         name: &str,
         status: &GpuNodeStatus,
-    ) -> impl Future<Output = Result<(), ApiError>> + Send;
-    /// As [`GpuNodes::apply_status`], only while the object is at `resource_version`; false
-    /// when it has changed since.
-    fn apply_status_at(
-        &self,
-        name: &str,
-        status: &GpuNodeStatus,
-        resource_version: &str,
+        resource_version: Option<&str>,
     ) -> impl Future<Output = Result<bool, ApiError>> + Send;
 }
 
@@ -186,7 +181,9 @@ impl<A: GpuNodes> Reporter<A> {
             readiness,
             &known.previous,
         );
-        self.api.apply_status(&self.node_name, &status).await?;
+        self.api
+            .apply_status(&self.node_name, &status, None)
+            .await?;
         if known.previous.topology_hash.as_deref() != Some(hash.as_str()) {
             tracing::info!(gpunode = %self.node_name, topology_hash = %hash, gpus, "GpuNode reported with a new topology");
         } else if !self.reported_once {
@@ -207,11 +204,10 @@ impl<A: GpuNodes> Reporter<A> {
             return Ok(false);
         };
         let status = current.status.as_ref();
-        let version = current.metadata.resource_version.as_deref();
-        let (Some(version), true) = (
-            version,
-            status.and_then(|s| s.agent_instance.as_deref()) == Some(self.instance.as_str()),
-        ) else {
+        if status.and_then(|s| s.agent_instance.as_deref()) != Some(self.instance.as_str()) {
+            return Ok(false);
+        }
+        let Some(version) = current.metadata.resource_version.as_deref() else {
             return Ok(false);
         };
         let previous = Previous::of(&current.spec, status);
@@ -224,7 +220,7 @@ impl<A: GpuNodes> Reporter<A> {
             &previous,
         );
         self.api
-            .apply_status_at(&self.node_name, &status, version)
+            .apply_status(&self.node_name, &status, Some(version))
             .await
     }
 }

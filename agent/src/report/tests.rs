@@ -136,23 +136,20 @@ impl GpuNodes for Fake {
         )
     }
 
-    async fn apply_status(&self, _name: &str, status: &GpuNodeStatus) -> Result<(), ApiError> {
-        self.answer(Call::ApplyStatus(status.clone()), |s| {
-            s.store_status(status)
-        })
-    }
-
-    async fn apply_status_at(
+    async fn apply_status(
         &self,
-        name: &str,
+        _name: &str,
         status: &GpuNodeStatus,
-        resource_version: &str,
+        resource_version: Option<&str>,
     ) -> Result<bool, ApiError> {
         let current = self.server().writes.to_string();
-        if current != resource_version {
+        if resource_version.is_some_and(|v| v != current) {
             return self.answer(Call::Refused, |_| false);
         }
-        self.apply_status(name, status).await.map(|()| true)
+        self.answer(Call::ApplyStatus(status.clone()), |s| {
+            s.store_status(status);
+            true
+        })
     }
 }
 
