@@ -1251,6 +1251,7 @@ scenario_gpunode_heartbeat() {  # lastHeartbeat advances (--heartbeat 3)
   echo "  lastHeartbeat $b0 -> $(gn '{.status.lastHeartbeat}') (agent $(gn '{.status.agentVersion}'))"
 }
 
+gn_apply_status() { kc apply --server-side --force-conflicts --field-manager=mockgpu-agent --subresource=status -f -; }  # < the status's YAML, as the agent applies it
 gn_ready_is() { [ "$(gn '{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].reason}')" = "$1" ]; }
 gn_instance_not() { local i; i=$(gn '{.status.agentInstance}') && [ -n "$i" ] && [[ " $* " != *" $i "* ]]; }
 gn_reported_anew() { gn_instance_not "$@" && gn_ready_is "True TreeMounted"; }   # gn_reported_anew <old instances>
@@ -1264,7 +1265,7 @@ scenario_gpunode_last_report() {  # a stopping agent reports Ready False, unless
   wait_for 30 "GpuNode $NODE reported by a new agent" gn_reported_anew "$first" || fail "no report of the new agent: $(gn '{.status}')"
   second=$(gn '{.status.agentInstance}')
   # a rollout's successor has reported (as the agent's field manager); then the old agent stops
-  kc apply --server-side --force-conflicts --field-manager=mockgpu-agent --subresource=status -f - > /dev/null <<EOF
+  gn_apply_status > /dev/null <<EOF
 apiVersion: mockgpu.io/v1alpha1
 kind: GpuNode
 metadata: {name: $NODE}
@@ -1282,7 +1283,7 @@ EOF
   local rv out; rv=$(gn '{.metadata.resourceVersion}')
   kc annotate gpunode "$NODE" mockgpu.io/testbed-touch="$(date +%s%N)" --overwrite > /dev/null
   if out=$(printf 'apiVersion: mockgpu.io/v1alpha1\nkind: GpuNode\nmetadata: {name: %s, resourceVersion: "%s"}\nstatus: {agentInstance: mgtb-stale}\n' "$NODE" "$rv" \
-      | kc apply --server-side --force-conflicts --field-manager=mockgpu-agent --subresource=status -f - 2>&1); then
+      | gn_apply_status 2>&1); then
     fail "a status apply at the stale resourceVersion $rv was accepted: $out"
   fi
   grep -q 'the object has been modified' <<< "$out" || fail "a status apply at a stale resourceVersion: $out"
