@@ -228,7 +228,9 @@ fn main() {
         for _ in 0..20 {
             for (pin, out) in [(false, &mut u), (true, &mut p)] {
                 if pin {
-                    mounted.handle.warm(&tree);
+                    mounted
+                        .handle
+                        .warm(&tree, Path::new(env!("CARGO_BIN_EXE_mockgpu-agent")));
                 } else {
                     mounted.handle.unpin();
                 }

@@ -34,6 +34,7 @@ use fuser::{
 };
 
 use crate::host::SysfsHost;
+use crate::pinner::Pinner;
 use crate::tree::{Entry, Kind, Tree};
 
 /// How long the kernel may cache entries and attributes; changes are pushed by invalidation.
@@ -272,8 +273,8 @@ struct Shared {
     time: SystemTime,
     reads: AtomicU64,
     requests: AtomicU64,
-    /// `O_PATH` descriptors on the mounted entries, which keep the kernel's dentries.
-    pins: Mutex<Vec<OwnedFd>>,
+    /// The process that holds the mounted entries in the kernel's caches.
+    pinner: Mutex<Option<Pinner>>,
 }
 
 /// Replaces the served tree and tells the kernel what changed.
@@ -302,7 +303,7 @@ impl DriverFs {
             time,
             reads: AtomicU64::new(0),
             requests: AtomicU64::new(0),
-            pins: Mutex::new(Vec::new()),
+            pinner: Mutex::new(None),
         });
         let handle = TreeHandle {
             inner: inner.clone(),
@@ -534,113 +535,58 @@ impl TreeHandle {
     /// Walks the mounted `tree` once, reading every file, so that the kernel caches every
     /// entry, attribute and page, and keeps a descriptor open on every entry (replacing those of
     /// an earlier walk): the kernel does not evict dentries in use, so even after its caches
-    /// were dropped a consumer's read needs no lookup, only the read of the file's data.
-    /// Raises this process's soft `RLIMIT_NOFILE` towards its hard limit when the tree needs
-    /// more descriptors; entries beyond the limit stay unpinned. Returns the number of entries
-    /// visited; entries that vanish meanwhile are skipped. Does nothing before the file system
-    /// is mounted.
-    pub fn warm(&self, tree: &Tree) -> usize {
+    /// were dropped a consumer's read needs no lookup, only the read of the file's data. The
+    /// walk and the descriptors are a child's, `<program> pin-tree` ([`crate::pinner`]), never
+    /// this process's own. Returns the number of entries visited; entries that vanish meanwhile
+    /// are skipped. Does nothing before the file system is mounted.
+    pub fn warm(&self, tree: &Tree, program: &Path) -> usize {
         let Some(root) = &self.mountpoint else {
             return 0;
         };
         self.unpin();
-        let budget =
-            raise_nofile_limit(tree.len() as u64 + FD_HEADROOM).saturating_sub(FD_HEADROOM);
-        let mut buf = Vec::with_capacity(8192);
-        let mut pins = Vec::with_capacity(tree.len().min(budget as usize));
-        let visited = tree
-            .iter()
-            .filter(|(path, _)| !path.is_empty())
-            .filter_map(|(path, entry)| {
-                let path = root.join(path);
-                match entry.kind {
-                    // Read, closed, then pinned with `O_PATH`: the close answers the kernel's
-                    // one FLUSH now, and an `O_PATH` descriptor never sends one. A pinned open
-                    // file would send the first FLUSH when the agent dies, to itself (its own
-                    // mount) or to its dead socket (the keeper's), and its exit would hang there.
-                    Kind::File(_) => std::fs::File::open(&path)
-                        .and_then(|mut f| {
-                            buf.clear();
-                            io::Read::read_to_end(&mut f, &mut buf)
-                        })
-                        .and_then(|_| pin(&path)),
-                    _ => pin(&path),
-                }
-                .ok()
-            })
-            .map(|fd| {
-                if (pins.len() as u64) < budget {
-                    pins.push(fd);
-                }
-            })
-            .count();
-        if visited > pins.len() {
+        let (pinner, walked) = match Pinner::start(program, root, tree) {
+            Ok(started) => started,
+            Err(e) => {
+                tracing::warn!(program = %program.display(), error = %e, "cannot warm the driver tree; the kernel caches it as it is read");
+                return 0;
+            }
+        };
+        if walked.visited > walked.pinned {
             tracing::warn!(
-                pinned = pins.len(),
-                entries = visited,
+                pinned = walked.pinned,
+                entries = walked.visited,
                 "descriptor limit too low to pin the whole driver tree"
             );
         }
-        *self.inner.pins.lock().unwrap_or_else(|e| e.into_inner()) = pins;
-        visited
+        *self.inner.pinner.lock().unwrap_or_else(|e| e.into_inner()) = Some(pinner);
+        walked.visited
     }
 
-    /// Closes the descriptors [`TreeHandle::warm`] holds: the kernel may evict those entries
-    /// again.
+    /// Ends the process that holds what [`TreeHandle::warm`] pinned: the kernel may evict
+    /// those entries again.
     pub fn unpin(&self) {
-        self.inner
-            .pins
+        let pinner = self
+            .inner
+            .pinner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clear();
+            .take();
+        drop(pinner);
+    }
+
+    /// The process id of the process that holds the warmed tree, if any.
+    pub fn pinner_id(&self) -> Option<u32> {
+        self.inner
+            .pinner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(Pinner::id)
     }
 
     fn set_notifier(&self, notifier: Notifier) {
         *self.notifier.lock().unwrap_or_else(|e| e.into_inner()) = Some(notifier);
     }
-}
-
-/// An `O_PATH` descriptor on `path` itself (a symlink is not followed).
-fn pin(path: &Path) -> io::Result<OwnedFd> {
-    use nix::fcntl::OFlag;
-    nix::fcntl::open(
-        path,
-        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map(|fd| {
-        // SAFETY: `open` returned a new descriptor that nothing else owns.
-        unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }
-    })
-    .map_err(io::Error::from)
-}
-
-/// Descriptors [`TreeHandle::warm`] leaves to the rest of the process.
-const FD_HEADROOM: u64 = 256;
-
-/// Raises the soft limit on open descriptors to `wanted` (at most the hard limit); returns the
-/// soft limit now in force.
-fn raise_nofile_limit(wanted: u64) -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain syscalls on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return 0;
-        }
-        if lim.rlim_cur < wanted {
-            let raised = libc::rlimit {
-                rlim_cur: wanted.min(lim.rlim_max),
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                return raised.rlim_cur;
-            }
-        }
-    }
-    lim.rlim_cur
 }
 
 impl Filesystem for DriverFs {

@@ -9,6 +9,7 @@ pub mod host;
 pub mod keeper;
 pub mod mounts;
 pub mod output;
+pub mod pinner;
 pub mod real;
 pub mod render;
 pub mod report;

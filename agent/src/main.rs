@@ -41,6 +41,16 @@ enum Command {
     /// be upgraded too. `serve` starts a keeper by itself when none runs; in Kubernetes it is a
     /// native sidecar of the agent's pod. SIGTERM detaches the mount and ends the keeper.
     Keeper(KeeperArgs),
+    /// Read the mounted driver tree and hold it in the kernel's caches until standard input
+    /// closes (started by `serve`, which writes the entries on standard input).
+    #[command(hide = true)]
+    PinTree(PinTreeArgs),
+}
+
+#[derive(Args)]
+struct PinTreeArgs {
+    /// The mount point the entries' paths are relative to.
+    mountpoint: PathBuf,
 }
 
 #[derive(Args)]
@@ -304,6 +314,13 @@ fn run(command: Command) -> Result<()> {
             }
         }
         Command::Keeper(args) => keeper(args)?,
+        Command::PinTree(args) => {
+            mockgpu_agent::pinner::run(
+                &args.mountpoint,
+                std::io::stdin().lock(),
+                std::io::stdout().lock(),
+            )?;
+        }
     }
     Ok(())
 }

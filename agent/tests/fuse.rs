@@ -2,7 +2,7 @@
 //! runs as root): every entry read back byte for byte, writes refused with EROFS, a reload
 //! visible at once, other users allowed, and a clean unmount; `nodev,nosuid` in the mount
 //! table; the host's PCI devices listed live; listings consistent across a reload; the
-//! descriptors that pin a warmed tree.
+//! process that pins a warmed tree.
 
 mod common;
 
@@ -328,29 +328,46 @@ fn a_reload_between_readdir_calls_neither_skips_nor_repeats_entries() {
 }
 
 #[test]
-fn warm_pins_every_entry_until_unpinned() {
+fn warm_pins_every_entry_in_a_child_until_unpinned() {
     let (_, tree) = common::fixed_tree("gb300");
     let dir = tempfile::tempdir().unwrap();
     let m = mockgpu_agent::fs::mount(&tree, dir.path(), None).unwrap();
-    let pins = || {
-        fs::read_dir("/proc/self/fd")
+    let agent = Path::new(env!("CARGO_BIN_EXE_mockgpu-agent"));
+    // descriptors of process `pid` on the mounted tree
+    let pins = |pid: &str| {
+        fs::read_dir(format!("/proc/{pid}/fd"))
             .unwrap()
             .filter_map(|e| fs::read_link(e.unwrap().path()).ok())
             .filter(|t| t.starts_with(dir.path()))
             .count()
     };
-    assert_eq!(pins(), 0);
-    assert_eq!(m.handle.warm(&tree), tree.len() - 1);
-    assert_eq!(pins(), tree.len() - 1);
-    // A second walk replaces the first one's descriptors.
-    m.handle.warm(&tree);
-    assert_eq!(pins(), tree.len() - 1);
+    let exited = |pid: u32| !Path::new(&format!("/proc/{pid}")).exists();
+    assert_eq!(m.handle.pinner_id(), None);
+    assert_eq!(m.handle.warm(&tree, agent), tree.len() - 1);
+    let first = m.handle.pinner_id().expect("a pin-tree process");
+    assert_eq!(pins(&first.to_string()), tree.len() - 1);
+    // none of them is this process's own: a killed agent never waits on its own mount
+    assert_eq!(pins("self"), 0);
+    // A second walk replaces the first one's process.
+    m.handle.warm(&tree, agent);
+    let second = m.handle.pinner_id().unwrap();
+    assert_ne!(first, second);
+    assert!(
+        exited(first),
+        "the first pin-tree process {first} is still there"
+    );
+    assert_eq!(pins(&second.to_string()), tree.len() - 1);
     m.handle.unpin();
-    assert_eq!(pins(), 0);
-    m.handle.warm(&tree);
-    // Unmounting closes them first (else they would keep the mount busy, and the file system
-    // that holds them alive).
+    assert_eq!(m.handle.pinner_id(), None);
+    assert!(exited(second), "pin-tree {second} outlived unpin");
+    // A program that is not the agent: nothing is warmed, and nothing breaks.
+    assert_eq!(m.handle.warm(&tree, Path::new("/bin/true")), 0);
+    assert_eq!(m.handle.pinner_id(), None);
+    m.handle.warm(&tree, agent);
+    let third = m.handle.pinner_id().unwrap();
+    // Unmounting ends it first (else its descriptors would keep the mount busy, and the file
+    // system that holds them alive).
     m.unmount().unwrap();
-    assert_eq!(pins(), 0);
+    assert!(exited(third), "pin-tree {third} outlived the unmount");
     assert!(!mounted(dir.path()));
 }

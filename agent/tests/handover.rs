@@ -378,3 +378,93 @@ fn a_successor_with_another_profile_is_seen_at_once() {
         next.wait().unwrap();
     })
 }
+
+/// Whether a thread of process `pid` waits for the reply to a FUSE request.
+fn waits_for_fuse(pid: u32) -> bool {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|t| {
+            fs::read_to_string(t.path().join("wchan")).is_ok_and(|w| w == "request_wait_answer")
+        })
+}
+
+/// `pid` and the processes it started.
+fn and_children(pid: u32) -> Vec<u32> {
+    let mut all = vec![pid];
+    for task in fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let children = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        all.extend(
+            children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
+    }
+    all
+}
+
+#[test]
+fn an_agent_killed_while_it_warms_the_tree_exits_and_the_next_one_serves() {
+    // The warm-up reads the agent's own mount. A process killed while it waits for a FUSE
+    // reply waits on (the request was sent); were the agent to wait on its own mount, nothing
+    // would answer, its descriptors would never close, and the keeper would go on relaying to it.
+    const ROUNDS: usize = 6;
+    with_first_agent(|setup, procs, mut agent| {
+        let mnt = setup.mount_point();
+        let mut caught = 0;
+        for n in 1..=ROUNDS {
+            agent.kill().unwrap();
+            agent.wait().unwrap();
+            let mut next = setup.agent(n);
+            procs.0.push(next.id() as i32);
+            // No reader runs: whatever of the agent's waits for a reply, its warm-up sent.
+            let name = format!("agent-{n}");
+            let start = Instant::now();
+            let waiting = loop {
+                let waiting: Vec<u32> = and_children(next.id())
+                    .into_iter()
+                    .filter(|&p| waits_for_fuse(p))
+                    .collect();
+                if !waiting.is_empty() || setup.log(&name).contains(" ready ") {
+                    break waiting;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(15),
+                    "{name} never warmed its tree"
+                );
+            };
+            kill(Pid::from_raw(next.id() as i32), Signal::SIGKILL).unwrap();
+            if !waiting.is_empty() {
+                caught += 1;
+            }
+            wait_for(
+                &format!("{name}, killed during its warm-up, to exit"),
+                || next.try_wait().unwrap().is_some(),
+            );
+            for &p in &waiting {
+                procs.0.push(p as i32);
+            }
+            agent = setup.agent(n + ROUNDS);
+            procs.0.push(agent.id() as i32);
+            setup.wait_ready(n + ROUNDS);
+            read_round(&mnt).unwrap();
+            for &p in waiting.iter().filter(|&&p| p != next.id()) {
+                wait_for(&format!("{name}'s warm-up process {p} to exit"), || {
+                    !alive(p as i32)
+                });
+            }
+        }
+        println!("{caught} of {ROUNDS} agents killed with a warm-up request in flight");
+        assert!(
+            caught > 0,
+            "no agent was killed while its warm-up waited for a reply"
+        );
+        agent.kill().unwrap();
+        agent.wait().unwrap();
+    })
+}

@@ -13,7 +13,11 @@ ctr_up() {  # ctr_up <key> <mgtb-cri up args...>: start a container; its POD/CTR
   local out; out=$(cri up "${@:2}") || fail "mgtb-cri up ${*:2}"
   echo "$out" > "$ST/$1.env"
   sed "s/^/  $1: /" <<< "$out"
+  # StartContainer returns before runc's init has exec'd the container's program: until then
+  # /proc/PID/environ is runc's, not the container's
+  wait_for 10 "container $1 to exec its program" execd "$(ctr "$1" PID)" || fail "container $1 (pid $(ctr "$1" PID)) never left runc init"
 }
+execd() { [ "$(cat "/proc/$1/comm" 2>/dev/null)" != 'runc:[2:INIT]' ]; }
 ctr() { sed -n "s/^$2=//p" "$ST/$1.env"; }   # ctr <key> <VAR>
 cexec() { cri exec "$(ctr "$1" CTR)" -- "${@:2}"; }   # cexec <key> <cmd...>
 
@@ -371,7 +375,7 @@ scenario_agent_restart() {
   # The keeper holds the FUSE connection: across a SIGTERM and a SIGKILL of the agent (the
   # successor started at once) a reader in a running container must see no failed read at all.
   [ -s "$ST/slurmd.env" ] || fail "needs the slurmd container of seed-verification"
-  local pid0 sig t0 t_sig t_start n0 l0 t_reg fails reads gap; pid0=$(ctr slurmd PID)
+  local pid0 sig old t0 t_sig t_start n0 l0 t_reg fails reads gap; pid0=$(ctr slurmd PID)
   # a reader inside the container, 50 reads/s, each line "<ms since epoch> ok|fail"
   cexec slurmd sh -c 'rm -f /tmp/reader.log; (while :; do
       if cat /proc/driver/nvidia/gpus/*/information > /dev/null 2>&1; then r=ok; else r=fail; fi
@@ -382,8 +386,8 @@ scenario_agent_restart() {
   grep -q 'started a keeper' "$LOGS/agent.log" || fail "the agent serves without a keeper"
   t0=$(date +%s%3N)
   for sig in TERM KILL; do
-    n0=$(nri_lines); l0=$(( $(wc -l < "$LOGS/agent.log") + 1 )); t_sig=$(date +%s%3N)
-    kill "-$sig" "$(cat "$ST/agent.pid")"
+    n0=$(nri_lines); l0=$(( $(wc -l < "$LOGS/agent.log") + 1 )); t_sig=$(date +%s%3N); old=$(cat "$ST/agent.pid")
+    kill "-$sig" "$old"
     [ "$sig" = TERM ] || sleep "$AGENT_RESTART_PAUSE"
     t_start=$(date +%s%N)
     start_agent
@@ -394,6 +398,8 @@ scenario_agent_restart() {
     t_reg=$(log_ms "$LOGS/agent.log" "$l0" 'registered with the NRI runtime') || fail "no timestamp on the NRI registration line"
     timing "agent-restart-sig$sig-nri-reconnect" "$(( t_reg - t_start / 1000000 )) ms from the new agent's start to its NRI registration ($(( t_reg - t_sig )) ms from SIG$sig)"
     agent_logged "$l0" 'connected to the running keeper' || fail "the agent restarted after SIG$sig did not join the keeper"
+    # (a process killed while it waits for a FUSE reply cannot exit until one comes)
+    wait_for 10 "the agent stopped with SIG$sig to exit" gone "$old" || fail "the agent stopped with SIG$sig (pid $old) did not exit"
   done
   sleep 0.5
   cexec slurmd sh -c 'kill $(cat /tmp/reader.pid)'
@@ -458,8 +464,9 @@ latency_round() {  # latency_round <file> <mgtb-cri create-latency args...>: app
   cri create-latency -n "$LAT_N" --warmup "$LAT_WARMUP" --raw "${@:2}" | sed -n 's/^sample_ms //p' >> "$1"
 }
 
-metric() {  # metric <name{labels}>: its value on the agent's /metrics
-  local v; v=$(innode busybox wget -q -O - "$AGENT_METRICS" | awk -v m="$1" '$1 == m {print $2}')
+metric() {  # metric <name{labels}>: its value on the agent's /metrics (busybox wget waits 900 s
+  # for a reply unless told otherwise)
+  local v; v=$(innode busybox wget -q -T 5 -O - "$AGENT_METRICS" | awk -v m="$1" '$1 == m {print $2}')
   [ -n "$v" ] || fail "no metric $1 at $AGENT_METRICS"
   echo "$v"
 }
