@@ -113,10 +113,9 @@ fn main() -> anyhow::Result<()> {
         Command::Crd => print!("{}", mockgpu_controller::crd::yaml()?),
         Command::Run(args) => {
             fixed_mmap_threshold();
-            // two workers, however many CPUs the node has: the controller waits on the API
-            // server mostly, and each worker adds a malloc arena and a stack to its memory
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+            // one thread: the controller waits on the API server mostly; on two workers, half
+            // of a full resync's CPU went to switching threads (bench/README.md)
+            tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .context("cannot start the async runtime")?
