@@ -195,7 +195,7 @@ pub fn attach(layout: &Layout) -> Result<OwnedFd, KeeperError> {
         path: path.clone(),
         reason,
     };
-    let mut command = Command::new("/proc/self/exe");
+    let mut command = Command::new(crate::SELF_EXE);
     command
         .arg("keeper")
         .arg("--dir")

@@ -17,3 +17,7 @@ pub mod serve;
 pub mod shim;
 pub mod sys;
 pub mod tree;
+
+/// This program's own executable, which `serve` runs again for its helper processes (the
+/// keeper, `pin-tree`).
+pub(crate) const SELF_EXE: &str = "/proc/self/exe";

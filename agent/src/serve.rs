@@ -379,9 +379,6 @@ fn install_shim(layout: &Layout) -> Result<(), ServeError> {
     })
 }
 
-/// This agent's executable, which warms the tree in a child (`pin-tree`, see [`crate::pinner`]).
-const SELF_EXE: &str = "/proc/self/exe";
-
 /// Everything from loading the profile to a mounted, warmed tree: blocking work, run off the
 /// async runtime.
 fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeError> {
@@ -435,7 +432,7 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
         }
         record_served(&tree, &record);
     }
-    let warmed = mounted.handle.warm(&tree, Path::new(SELF_EXE));
+    let warmed = mounted.handle.warm(&tree, Path::new(crate::SELF_EXE));
     tracing::info!(
         profile = %profile.name, node = %topo.node_name, gpus = topo.gpus.len(),
         mountpoint = %mountpoint.display(), warmed, "driver tree mounted and cached"
@@ -696,7 +693,7 @@ fn reload_loop(
                 if let Some(record) = record {
                     record_served(&tree, record);
                 }
-                handle.warm(&tree, Path::new(SELF_EXE));
+                handle.warm(&tree, Path::new(crate::SELF_EXE));
                 state.reloads.fetch_add(1, Ordering::Relaxed);
                 let mut current = state.topology.write().unwrap_or_else(|e| e.into_inner());
                 if current.as_ref().is_some_and(|t| t.devices != topo.devices) {
