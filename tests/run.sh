@@ -12,7 +12,17 @@ if [ "$(id -u)" != 0 ]; then
   echo "tests/run.sh: run as root (sudo): the tests mount FUSE and start containers" >&2
   exit 1
 fi
-step() { echo; echo "=== $* ($(date +%T))"; }
+# Each step's header names the space left where the target directory and the caches live, so a
+# full disk shows where it filled.
+free_gib() { df -BG --output=avail "$1" | tail -1 | tr -dc 0-9; }
+step() { echo; echo "=== $* ($(date +%T), $(free_gib .) GiB free here, $(free_gib /var/tmp) GiB in /var/tmp)"; }
+# CI builds everything once: incremental caches would only take disk.
+if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
+NEED_GIB=${NEED_GIB:-30}
+if [ "$(free_gib .)" -lt "$NEED_GIB" ]; then
+  echo "tests/run.sh: warning: $(free_gib .) GiB free on $(df --output=target . | tail -1);" \
+    "a run from cold caches takes about $NEED_GIB GiB (target directories, test bed roots)" >&2
+fi
 
 step "Debian packages the tests use"
 bash tests/apt-ensure.sh fuse3 pciutils hwloc python3 gcc binutils util-linux debootstrap protobuf-compiler

@@ -143,7 +143,8 @@ HOST_CARGO_HOME=${CARGO_HOME:-$HOME/.cargo}   # its registry cache is shared (ca
 # crates), seen at the same path in both roots
 TD=${A64_TARGET:-$A64/target}
 CARGO_ENV=(CARGO_HOME=/cargo-home CARGO_TARGET_DIR="$TD" CARGO_TERM_COLOR=never
-  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc)
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+  ${CARGO_INCREMENTAL:+CARGO_INCREMENTAL=$CARGO_INCREMENTAL})
 
 mount_build_root() {  # mount_build_root <where $B is>: proc, dev, the repository, the cargo home
   local d=$1
@@ -188,14 +189,23 @@ inside_build() {
 
 phase_build() {
   [ -f "$B.key" ] || fail "no build root: run.sh roots"
-  local t; t=$(date +%s); mkdir -p "$TD"
+  local t key; t=$(date +%s)
+  # cargo never removes what it built for other dependency versions or profiles: the cache is
+  # started over when the manifest, the lock file or the toolchain's root changes, so it cannot grow
+  # without bound (it had reached 8.4 GB)
+  key=$(cat "$REPO/Cargo.toml" "$REPO/Cargo.lock" "$B.key" | sha256sum | cut -c1-16)
+  if [ -d "$TD" ] && [ "$(cat "$TD/deps.key" 2>/dev/null)" != "$key" ]; then
+    log "build: manifest, lock file or toolchain changed: the target directory $TD starts over"
+    umount_under "$TD"; rm -rf "$TD"
+  fi
+  mkdir -p "$TD"; echo "$key" > "$TD/deps.key"
   unshare --mount --propagation private -- bash "$0" _build
   local agent=$TD/$TRIPLE/release/mockgpu-agent
   [ -x "$agent" ] || fail "$agent was not built"
   [ "$(e_machine "$agent")" = 183 ] || fail "$agent is not an aarch64 program (e_machine $(e_machine "$agent"))"
   [ -x "$TD/mknod-supervisor" ] || fail "$TD/mknod-supervisor was not built"
   bash "$REPO/tests/images.sh" "$TD/$TRIPLE/release" aarch64   # what the arm64 image copies
-  timing build "$(( $(date +%s) - t )) s"
+  timing build "$(( $(date +%s) - t )) s ($(du -sh "$TD" | cut -f1) in $TD)"
 }
 
 e_machine() { od -An -j18 -N2 -tu2 "$1" | tr -d ' '; }   # 62: x86-64, 183: aarch64 (little-endian ELF)
