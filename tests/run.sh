@@ -22,8 +22,9 @@ if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
 # and caches in /var/tmp (12 GB) and the Go build cache while Kubernetes builds (5 GB); a run on
 # warm caches took 8 GB of free space.
 NEED_GIB=${NEED_GIB:-30}
-if [ "$(free_gib .)" -lt "$NEED_GIB" ]; then
-  echo "tests/run.sh: warning: $(free_gib .) GiB free on $(df --output=target . | tail -1);" \
+FREE_GIB=$(free_gib .)
+if [ "$FREE_GIB" -lt "$NEED_GIB" ]; then
+  echo "tests/run.sh: warning: $FREE_GIB GiB free on $(df --output=target . | tail -1);" \
     "a run from cold caches takes about $NEED_GIB GiB (target directories, test bed roots)" >&2
 fi
 
