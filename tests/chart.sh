@@ -75,7 +75,8 @@ want "$D" "agent and keeper privileged, the agent image's binary" \
    and ctr("agent").command == ["/usr/bin/mockgpu-agent", "serve"] and ctr("keeper").command == ["/usr/bin/mockgpu-agent", "keeper", "--idle-after-handover"])'
 want "$D" "host paths" \
   'ds("default") | pod | (vol("run-mockgpu").hostPath.path == "/run/mockgpu" and vol("dev-fuse").hostPath == {path: "/dev/fuse", type: "CharDevice"}
-   and vol("sys").hostPath.path == "/sys" and vol("nri").hostPath.path == "/var/run/nri" and vol("device-plugins") == null)'
+   and vol("sys").hostPath.path == "/sys" and vol("nri").hostPath.path == "/var/run/nri"
+   and vol("device-plugins").hostPath.path == "/var/lib/kubelet/device-plugins")'
 want "$D" "the keeper a native sidecar that is started once its socket listens" \
   'ds("default") | pod | ([.initContainers[] | select(.name == "keeper")] | length) == 1
    and ctr("keeper").restartPolicy == "Always" and (ctr("keeper").startupProbe.exec.command | join(" ") | test("keeper.sock"))'
@@ -95,7 +96,14 @@ want "$D" "agent environment: node name from the pod, built-in profile, NRI, kee
    and env("MOCKGPU_PROFILE") == "gb300" and env("MOCKGPU_PROFILE_FILE") == null
    and env("MOCKGPU_NRI_SOCKET") == "/var/run/nri/nri.sock" and env("MOCKGPU_LISTEN") == "0.0.0.0:9464"
    and env("MOCKGPU_KEEPER") == "auto" and env("MOCKGPU_REPORT") == "auto" and env("MOCKGPU_HEARTBEAT") == "30"
-   and env("MOCKGPU_DEVICE_PLUGIN") == null and env("MOCKGPU_TRUSTED_NAMESPACES") == null)'
+   and env("MOCKGPU_TRUSTED_NAMESPACES") == null)'
+want "$D" "the device plugin on by default (no GPU Operator needed), nvidia.com/gpu, the kubelet's directory" \
+  'ds("default") | pod | ctr("agent") | env("MOCKGPU_DEVICE_PLUGIN") == "true" and env("MOCKGPU_RESOURCE_NAME") == "nvidia.com/gpu"
+   and env("MOCKGPU_KUBELET_DIR") == "/var/lib/kubelet" and mount("device-plugins").mountPath == "/var/lib/kubelet/device-plugins"'
+want "$D" "the agent tolerates every taint (a node tainted for Slurm workers keeps its GPUs)" \
+  'ds("default") | pod | .tolerations == [{operator: "Exists"}]'
+want "$D" "the controller tolerates nothing extra" \
+  'obj("Deployment"; "'$F'-controller") | pod | has("tolerations") | not'
 want "$D" "on the node network no container port (it would be a host port, blocking the surge pod)" \
   'ds("default") | pod | .hostNetwork == true and ([.containers[].ports // [] | length] | add) == 0'
 want "$D" "agent RBAC: exactly its own verbs" \
@@ -185,6 +193,11 @@ want "$P" "device plugin: its environment and the kubelet's device-plugins direc
   'ds("default") | pod | vol("device-plugins").hostPath.path == "/var/lib/k0s/kubelet/device-plugins"
    and (ctr("agent") | env("MOCKGPU_DEVICE_PLUGIN") == "true" and env("MOCKGPU_RESOURCE_NAME") == "example.com/gpu"
      and env("MOCKGPU_KUBELET_DIR") == "/var/lib/k0s/kubelet" and mount("device-plugins").mountPath == "/var/lib/k0s/kubelet/device-plugins")'
+
+render device-plugin-off --set agent.devicePlugin.enabled=false
+want "$T/device-plugin-off.json" "device plugin off: no environment, no kubelet directory" \
+  'ds("default") | pod | vol("device-plugins") == null and (ctr("agent") | env("MOCKGPU_DEVICE_PLUGIN") == null
+   and env("MOCKGPU_RESOURCE_NAME") == null and mount("device-plugins") == null)'
 
 render nri-off -f "$V/nri-off-values.yaml"
 P=$T/nri-off.json

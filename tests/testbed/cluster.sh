@@ -838,7 +838,7 @@ scenario_controller_gpunode_deleted() {  # no GpuNode: our labels go, the node's
 # allocatable GPUs count.
 
 SLINKY_NS=slurm                     # Slinky's namespace
-SLINKY_NODESET=gpu                  # the NodeSet: the slurmd pods' instance label, Features, NodeSet, partition
+SLINKY_NODESET=gpu                  # the NodeSet: the slurmd pods' instance label, Features, NodeSet
 SLINKY_CTLD=slurm-controller-0      # Slinky's controller pod (StatefulSet slurm-controller, ordinal 0)
 PCI_LABEL=feature.node.kubernetes.io/pci-10de.present
 # Networking: pod IPs on the bridge, not hostNetwork. Slinky's pods are on the pod network, and
@@ -870,6 +870,17 @@ slinky_cgroup_conf() {  # Slinky's cgroup.conf where Slurm's cgroup/v2 can work,
   fi
 }
 
+# the partitions of the README's values for Slinky's chart (examples/slinky-values.yaml), as the
+# operator writes them (PartitionName=all Nodes=ALL Default=YES MaxTime=UNLIMITED for `all`): the
+# chart defines none by default, and without one srun fails
+slinky_partitions() {
+  python3 -c 'import sys, yaml
+values = yaml.safe_load(open(sys.argv[1]))
+for name, p in (values.get("partitions") or {}).items():
+    if (p or {}).get("enabled"):
+        print(f"PartitionName={name} Nodes=ALL Default=YES MaxTime=UNLIMITED")' "$REPO/examples/slinky-values.yaml"
+}
+
 slinky_slurm_conf() {  # slurm.conf as Slinky's operator generates it (@CTLD_ADDR@: the controller's pod IP)
   cat <<EOF
 ClusterName=slinky
@@ -892,8 +903,8 @@ SlurmctldParameters=enable_configless,reconfig_on_restart
 AccountingStorageType=accounting_storage/none
 GresTypes=gpu
 NodeSet=$SLINKY_NODESET Feature=$SLINKY_NODESET
-PartitionName=$SLINKY_NODESET Nodes=$SLINKY_NODESET Default=YES MaxTime=UNLIMITED State=UP
 EOF
+  slinky_partitions
   grep -q '^CgroupPlugin=disabled' <<< "$1" && echo 'ProctrackType=proctrack/linuxproc'
   return 0
 }
@@ -1362,7 +1373,8 @@ vap_denies() {  # vap_denies <what> <token> <GpuNode> <message part>
   echo "  $1, GpuNode $3: denied ($(grep -oF -- "$4" <<< "$out"))"
 }
 vap_down() {
-  kc -n "$CHART_NS" delete pod "$VAP_POD" --ignore-not-found --force --grace-period=0 > /dev/null 2>&1 || true
+  # the agent's DaemonSet tolerates every taint, so it placed a pod there too (never started)
+  kc -n "$CHART_NS" delete pods --field-selector "spec.nodeName=$VAP_NODE" --ignore-not-found --force --grace-period=0 > /dev/null 2>&1 || true
   kc delete node "$VAP_NODE" --ignore-not-found > /dev/null
 }
 chart_admission_policy() {
@@ -1371,7 +1383,7 @@ chart_admission_policy() {
     || fail "reading the agent pod's service-account token"
   [ "$(jwt_claims "$own" | jq -r '."kubernetes.io".node.name')" = "$NODE" ] \
     || fail "the agent pod's token names no node $NODE: $(jwt_claims "$own" | jq -c '."kubernetes.io"')"
-  # a tainted node that no DaemonSet pod lands on; the probe pod tolerates the taint
+  # a Node object with no kubelet; the probe pod is bound to it and tolerates its taint
   kc apply -f - > /dev/null <<EOF
 apiVersion: v1
 kind: Node
