@@ -188,6 +188,8 @@ struct ServeArgs {
     #[arg(long, env = "MOCKGPU_TRUSTED_NAMESPACES", value_delimiter = ',')]
     trusted_namespaces: Option<Vec<String>>,
     /// Advertise the GPUs to the kubelet as an extended resource (the kubelet device plugin).
+    /// While another plugin serves the resource on the node (the GPU Operator's) it stands
+    /// down, says so in the log, the metrics and the GpuNode, and checks again every 30 s.
     #[arg(long, env = "MOCKGPU_DEVICE_PLUGIN")]
     device_plugin: bool,
     /// The device plugin's resource name.

@@ -478,7 +478,7 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         state.real_gpus.store(gpus.len() as u64, Ordering::Relaxed);
         let reporter = cfg.report.clone().map(|r| {
             let served = tokio::sync::watch::channel(Some(report::RealGpus(gpus.clone()))).1;
-            report::start(r, served, None, stopped(stop_rx.clone()))
+            report::start(r, served, None, None, stopped(stop_rx.clone()))
         });
         for g in &gpus {
             tracing::info!(bus_id = %g.gpu.bus_id, model = %g.information.model, uuid = %g.gpu.uuid, minor = g.gpu.minor, cpus = %g.gpu.cpus.to_list(), "real GPU");
@@ -509,9 +509,19 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
             }
         });
     }
+    // The device plugin tells the reporter whether it serves or stands down for another plugin.
+    let (standing_tx, standing_rx) =
+        tokio::sync::watch::channel(device_plugin::Standing::default());
     let reporter = cfg.report.clone().map(|r| {
         let served = state.published.subscribe();
-        report::start(r, served, Some(report_rx), stopped(stop_rx.clone()))
+        let standing = cfg.device_plugin.is_some().then_some(standing_rx);
+        report::start(
+            r,
+            served,
+            Some(report_rx),
+            standing,
+            stopped(stop_rx.clone()),
+        )
     });
     // The plugin connects at once: until the tree is mounted it refuses GPU containers with a
     // message (or lets them through without the mock, with fail_open).
@@ -528,6 +538,7 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
             crate::sys::Linux,
             topology,
             device_plugin_metrics,
+            standing_tx,
             stop,
         ))
     });
@@ -569,7 +580,8 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
             })?
     };
 
-    // A device plugin that fails (another plugin serves the resource) ends the agent.
+    // A device plugin that fails (an unreadable kubelet checkpoint, device nodes it cannot
+    // make) ends the agent; one that stands down for another plugin does not.
     let device_plugin_failed = async {
         match &mut device_plugin_task {
             Some(task) => task.await,

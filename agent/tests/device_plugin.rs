@@ -17,7 +17,9 @@ use mockgpu_agent::device_plugin::proto::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Device,
     DeviceSpec, Empty, ListAndWatchResponse, PreferredAllocationRequest, RegisterRequest,
 };
-use mockgpu_agent::device_plugin::{self, CHECKPOINT, Config, DevicePluginError, Metrics};
+use mockgpu_agent::device_plugin::{
+    self, CHECKPOINT, Config, DevicePluginError, Metrics, Standing,
+};
 use mockgpu_agent::sys::Linux;
 use mockgpu_api::{Layout, NodeTopology, Profile};
 use tokio::net::UnixListener;
@@ -80,7 +82,7 @@ impl Kubelet {
     }
 
     /// The next registration, by `plugin`: when the plugin ends first (a device node it may not
-    /// create, a conflict), its error at once rather than a timeout.
+    /// create), its error at once rather than a timeout.
     async fn registered_by(
         &mut self,
         plugin: &mut JoinHandle<Result<(), DevicePluginError>>,
@@ -133,17 +135,20 @@ struct Plugin {
     task: JoinHandle<Result<(), DevicePluginError>>,
     _stop: oneshot::Sender<()>,
     metrics: Metrics,
+    standing: watch::Receiver<Standing>,
 }
 
 fn start(config: Config, topo: NodeTopology) -> Plugin {
     let (topology, rx) = watch::channel(Some(topo));
     let (stop, stopped) = oneshot::channel::<()>();
     let metrics = Metrics::default();
+    let (standing_tx, standing) = watch::channel(Standing::default());
     let task = tokio::spawn(device_plugin::run(
         config,
         Linux,
         rx,
         metrics.clone(),
+        standing_tx,
         async {
             let _ = stopped.await;
         },
@@ -153,6 +158,18 @@ fn start(config: Config, topo: NodeTopology) -> Plugin {
         task,
         _stop: stop,
         metrics,
+        standing,
+    }
+}
+
+impl Plugin {
+    /// Its standing, once `settled` holds of it.
+    async fn standing_when(&mut self, settled: impl FnMut(&Standing) -> bool) -> Standing {
+        tokio::time::timeout(WAIT, self.standing.wait_for(settled))
+            .await
+            .expect("timed out waiting for the plugin's standing")
+            .expect("the plugin's standing is sent")
+            .clone()
     }
 }
 
@@ -457,7 +474,7 @@ async fn a_successor_waits_for_the_first_plugin_to_stop() {
 }
 
 #[tokio::test]
-async fn a_foreign_plugin_named_by_the_kubelets_checkpoint_is_a_conflict() {
+async fn stands_down_while_a_foreign_plugin_named_by_the_kubelets_checkpoint_serves() {
     let node = Node::new();
     let mut kubelet = Kubelet::start(&node.plugin_dir());
     // Another plugin, on a socket of its own, whose devices the checkpoint records under
@@ -472,21 +489,27 @@ async fn a_foreign_plugin_named_by_the_kubelets_checkpoint_is_a_conflict() {
         .iter()
         .map(|g| format!("\"{}\"", g.uuid))
         .collect();
-    let checkpoint = node.plugin_dir().join(CHECKPOINT);
     fs::write(
-        &checkpoint,
+        node.plugin_dir().join(CHECKPOINT),
         format!(
             r#"{{"Data":{{"PodDeviceEntries":null,"RegisteredDevices":{{"nvidia.com/gpu":[{}]}}}},"Checksum":1}}"#,
             ids.join(",")
         ),
     )
     .unwrap();
-    let ours = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
-    let e = ended(ours.task).await.unwrap_err();
+    let mut config = node.config("nvidia.com/gpu");
+    config.recheck_interval = Duration::from_millis(50);
+    let mut ours = start(config, gb300("", "node-0"));
+    let Standing::StoodDown(conflict) = ours
+        .standing_when(|s| matches!(s, Standing::StoodDown(_)))
+        .await
+    else {
+        unreachable!()
+    };
     assert_eq!(
-        e.to_string(),
+        conflict.to_string(),
         format!(
-            "another device plugin already serves nvidia.com/gpu on this node (socket {}, devices {}); stop it (e.g. the GPU Operator's device plugin) or choose another --resource-name",
+            "another device plugin serves nvidia.com/gpu on this node (socket {}, devices {})",
             other_socket.display(),
             other
                 .gpus
@@ -496,18 +519,49 @@ async fn a_foreign_plugin_named_by_the_kubelets_checkpoint_is_a_conflict() {
                 .join(", ")
         )
     );
+    let text = metrics_text(&ours.metrics);
+    assert!(
+        text.contains("mockgpu_device_plugin_stood_down 1\n"),
+        "{text}"
+    );
+    // It checks again every 50 ms (each check sends its standing anew); three checks later it
+    // still stands down, has not ended, serves no socket and has not registered.
+    let own_socket = node
+        .plugin_dir()
+        .join(node.config("nvidia.com/gpu").endpoint());
+    for _ in 0..3 {
+        tokio::time::timeout(WAIT, ours.standing.changed())
+            .await
+            .expect("timed out waiting for the plugin to check again")
+            .unwrap();
+        assert!(matches!(*ours.standing.borrow(), Standing::StoodDown(_)));
+    }
+    assert!(
+        !ours.task.is_finished(),
+        "the plugin ended: {:?}",
+        ours.task
+    );
+    assert!(!own_socket.exists(), "it serves {}", own_socket.display());
+    assert!(kubelet.registrations.try_recv().is_err(), "it registered");
 
-    // A stale checkpoint (its plugin gone) is no conflict.
-    fs::write(
-        &checkpoint,
-        r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{"nvidia.com/gpu":["GPU-gone"]}},"Checksum":1}"#,
-    )
-    .unwrap();
-    let mut retried = start(node.config("nvidia.com/gpu"), gb300("", "node-0"));
+    // The other plugin stops: the checkpoint still lists its devices, but nothing serves them
+    // (a stale checkpoint is no conflict), so this one serves and registers.
+    drop(other_plugin);
     assert_eq!(
-        kubelet.registered_by(&mut retried.task).await.resource_name,
+        kubelet.registered_by(&mut ours.task).await.resource_name,
         "nvidia.com/gpu"
     );
+    assert_eq!(
+        ours.standing_when(|s| *s == Standing::Serving).await,
+        Standing::Serving
+    );
+    let text = metrics_text(&ours.metrics);
+    assert!(
+        text.contains("mockgpu_device_plugin_stood_down 0\n"),
+        "{text}"
+    );
+    let mut stream = list_and_watch(&mut dial(&own_socket).await).await;
+    assert_eq!(next(&mut stream).await.len(), 4);
 }
 
 /// Sends SIGTERM to the agent; kills it when dropped, so that a failed assertion leaves no

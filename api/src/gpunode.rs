@@ -1,6 +1,7 @@
 //! `GpuNode` (`mockgpu.io/v1alpha1`, cluster-scoped): one per node, named after it. The agent
 //! writes the spec (what the node's GPUs are) and its part of the status (pinning, heartbeat,
-//! `Ready`); the controller adds the `Stale`, `Drifted` and `InjectionMissing` conditions.
+//! `Ready`, `DevicePluginConflict`); the controller adds the `Stale`, `Drifted` and
+//! `InjectionMissing` conditions.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
@@ -25,6 +26,9 @@ pub mod condition {
     pub const DRIFTED: &str = "Drifted";
     /// A GPU-holding container on the node is absent from the pinning (set by the controller).
     pub const INJECTION_MISSING: &str = "InjectionMissing";
+    /// Another device plugin (the GPU Operator's) serves the GPU resource on the node, so the
+    /// agent's own stands down (set by the agent while its device plugin is on).
+    pub const DEVICE_PLUGIN_CONFLICT: &str = "DevicePluginConflict";
 }
 
 /// What the node's GPUs are.

@@ -22,7 +22,7 @@ use tokio_stream::StreamExt as _;
 
 use super::proto::Empty;
 use super::proto::device_plugin_client::DevicePluginClient;
-use super::{DevicePluginError, KUBELET_SOCKET};
+use super::{Conflict, DevicePluginError, KUBELET_SOCKET};
 
 /// The kubelet's device manager checkpoint, in the device plugin directory.
 pub const CHECKPOINT: &str = "kubelet_internal_checkpoint";
@@ -129,29 +129,24 @@ async fn pause(
     }
 }
 
-/// Fails when a live plugin other than mockgpu's serves `resource` in `dir`; `endpoint` is this
-/// plugin's socket file name and `own` its device IDs.
+/// The live plugin other than mockgpu's that serves `resource` in `dir`, if any; `endpoint` is
+/// this plugin's socket file name and `own` its device IDs.
 pub async fn check(
     dir: &Path,
     resource: &str,
     endpoint: &str,
     own: &BTreeSet<String>,
-) -> Result<(), DevicePluginError> {
-    let conflict = |socket: PathBuf, ids: Vec<String>| DevicePluginError::Conflict {
-        resource: resource.to_string(),
-        socket,
-        ids,
-    };
+) -> Result<Option<Conflict>, DevicePluginError> {
     let foreign: BTreeSet<String> = registered_devices(dir, resource)?
         .into_iter()
         .filter(|id| !own.contains(id))
         .collect();
     if foreign.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => {
             return Err(DevicePluginError::Checkpoint {
                 path: dir.to_path_buf(),
@@ -172,7 +167,11 @@ pub async fn check(
         };
         let theirs: Vec<String> = ids.into_iter().filter(|id| foreign.contains(id)).collect();
         if !theirs.is_empty() {
-            return Err(conflict(socket, theirs));
+            return Ok(Some(Conflict {
+                resource: resource.to_string(),
+                socket,
+                ids: theirs,
+            }));
         }
     }
     tracing::info!(
@@ -180,7 +179,7 @@ pub async fn check(
         devices = foreign.len(),
         "the kubelet's checkpoint lists devices of another plugin for the resource, but no live plugin serves them"
     );
-    Ok(())
+    Ok(None)
 }
 
 #[cfg(test)]

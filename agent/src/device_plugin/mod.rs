@@ -94,19 +94,6 @@ pub enum DevicePluginError {
         /// Why.
         reason: String,
     },
-    /// Another live plugin serves the resource.
-    #[error(
-        "another device plugin already serves {resource} on this node (socket {socket}, devices {}); stop it (e.g. the GPU Operator's device plugin) or choose another --resource-name",
-        .ids.join(", ")
-    )]
-    Conflict {
-        /// The resource.
-        resource: String,
-        /// The other plugin's socket.
-        socket: PathBuf,
-        /// Devices it serves.
-        ids: Vec<String>,
-    },
     /// The plugin's socket cannot be served.
     #[error("cannot serve the device plugin socket {path}: {source}")]
     Socket {
@@ -120,6 +107,34 @@ pub enum DevicePluginError {
     Nodes(#[from] NodeError),
 }
 
+/// Another live plugin that serves the resource on this node (e.g. the GPU Operator's).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "another device plugin serves {resource} on this node (socket {socket}, devices {})",
+    .ids.join(", ")
+)]
+pub struct Conflict {
+    /// The resource.
+    pub resource: String,
+    /// The other plugin's socket.
+    pub socket: PathBuf,
+    /// The devices it serves that are not this node's mock GPUs.
+    pub ids: Vec<String>,
+}
+
+/// What the device plugin does on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Standing {
+    /// Not settled yet: waiting for the first topology or for a predecessor to stop.
+    #[default]
+    Starting,
+    /// It serves the resource.
+    Serving,
+    /// It stands down while another plugin serves the resource, and checks again every
+    /// [`Config::recheck_interval`].
+    StoodDown(Conflict),
+}
+
 /// Settings of the device plugin.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -131,6 +146,8 @@ pub struct Config {
     pub dev_dir: PathBuf,
     /// How often the kubelet's and the plugin's sockets are checked for a kubelet restart.
     pub poll_interval: Duration,
+    /// How often a plugin that stood down checks whether the other plugin is gone.
+    pub recheck_interval: Duration,
 }
 
 impl Config {
@@ -152,6 +169,7 @@ impl Config {
             kubelet_dir: kubelet_dir.to_path_buf(),
             dev_dir: layout.dev_dir(),
             poll_interval: Duration::from_secs(1),
+            recheck_interval: Duration::from_secs(30),
         })
     }
 
@@ -200,6 +218,7 @@ pub struct Metrics {
     allocations: Counter,
     allocated_gpus: Counter,
     healthy_gpus: Gauge,
+    stood_down: Gauge,
 }
 
 impl Metrics {
@@ -225,6 +244,11 @@ impl Metrics {
             "healthy_gpus",
             "GPUs advertised as healthy",
             self.healthy_gpus.clone(),
+        );
+        r.register(
+            "stood_down",
+            "1 while another device plugin serves the resource on this node and this one stands down",
+            self.stood_down.clone(),
         );
     }
 }
@@ -588,14 +612,15 @@ fn publish_health(metrics: &Metrics, list: &[Device]) {
     );
 }
 
-/// Runs the device plugin until `shutdown` completes: waits for the first topology, refuses to
-/// start when another plugin serves the resource, creates the device nodes, then serves its
-/// socket and registers with the kubelet, again whenever the kubelet restarts.
+/// Runs the device plugin until `shutdown` completes: waits for the first topology, stands down
+/// while another plugin serves the resource (telling `standing`), creates the device nodes, then
+/// serves its socket and registers with the kubelet, again whenever the kubelet restarts.
 pub async fn run<S: Sys + Send + Sync + 'static>(
     config: Config,
     sys: S,
     mut topology: watch::Receiver<Option<NodeTopology>>,
     metrics: Metrics,
+    standing: watch::Sender<Standing>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DevicePluginError> {
     tokio::pin!(shutdown);
@@ -614,13 +639,18 @@ pub async fn run<S: Sys + Send + Sync + 'static>(
     if !conflict::predecessor_gone(&socket, config.poll_interval, shutdown.as_mut()).await {
         return Ok(());
     }
-    conflict::check(
-        &dir,
-        &config.resource_name,
-        &config.endpoint(),
+    if !stand_down_while_served(
+        &config,
         &uuids(&first),
+        &metrics,
+        &standing,
+        shutdown.as_mut(),
     )
-    .await?;
+    .await?
+    {
+        return Ok(());
+    }
+    standing.send_replace(Standing::Serving);
     let sys = Arc::new(sys);
     sync_nodes(&sys, &config.dev_dir, &first).await?;
     let seen = uuids(&first);
@@ -665,6 +695,40 @@ pub async fn run<S: Sys + Send + Sync + 'static>(
     };
     follower.abort();
     result
+}
+
+/// Stands down while another plugin serves the resource: says so once in the log, in the
+/// metrics and through `standing`, and checks again every [`Config::recheck_interval`]. True
+/// once no other plugin serves it; false when `shutdown` came first.
+async fn stand_down_while_served(
+    config: &Config,
+    own: &BTreeSet<String>,
+    metrics: &Metrics,
+    standing: &watch::Sender<Standing>,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Result<bool, DevicePluginError> {
+    let dir = config.plugin_dir();
+    loop {
+        let Some(other) =
+            conflict::check(&dir, &config.resource_name, &config.endpoint(), own).await?
+        else {
+            if metrics.stood_down.set(0) != 0 {
+                tracing::info!(resource = %config.resource_name, "the other device plugin is gone: this agent's device plugin serves the resource now");
+            }
+            return Ok(true);
+        };
+        if metrics.stood_down.set(1) == 0 {
+            tracing::warn!(
+                recheck = ?config.recheck_interval,
+                "{other}: this agent's device plugin stands down (the driver tree and injection go on); remove the other plugin, or turn this one off (agent.devicePlugin.enabled=false)"
+            );
+        }
+        standing.send_replace(Standing::StoodDown(other));
+        tokio::select! {
+            () = shutdown.as_mut() => return Ok(false),
+            () = tokio::time::sleep(config.recheck_interval) => {}
+        }
+    }
 }
 
 /// Why [`registered`] returned.

@@ -25,8 +25,30 @@ fn device_plugin_metrics(facts: &Facts, opts: &Options) -> Result<Option<f64>, S
     }
 }
 
+/// Whether the agent's device plugin stands down for another plugin (its metrics say).
+fn stood_down(facts: &Facts) -> bool {
+    facts
+        .metrics
+        .as_ref()
+        .ok()
+        .and_then(|r| sample(&r.body, "mockgpu_device_plugin_stood_down"))
+        .is_some_and(|v| v >= 1.0)
+}
+
+/// The message of the GpuNode's `DevicePluginConflict` condition while it is True, if the
+/// doctor can read the GpuNode.
+fn conflict_message(facts: &Facts) -> Option<String> {
+    let view = facts.cluster.as_ref()?.as_ref().ok()?;
+    let status = view.gpunode.as_ref()?.status.as_ref()?;
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::DEVICE_PLUGIN_CONFLICT && c.status == "True")
+        .map(|c| c.message.clone())
+}
+
 /// Our socket and the kubelet's in the kubelet's device plugin directory, and the agent's
-/// registrations.
+/// registrations; a device plugin that stands down for another plugin fails.
 pub(super) fn device_plugin<N: Node>(node: &N, opts: &Options, facts: &Facts) -> Check {
     const NAME: &str = "device-plugin";
     if !facts.mock {
@@ -44,6 +66,22 @@ pub(super) fn device_plugin<N: Node>(node: &N, opts: &Options, facts: &Facts) ->
             );
         }
         Ok(Some(_)) => {}
+    }
+    if stood_down(facts) {
+        let which = conflict_message(facts).map_or_else(
+            || "the agent's log names it".to_string(),
+            |m| format!("GpuNode {}: {m}", opts.node_name),
+        );
+        return Check::fail(
+            NAME,
+            format!(
+                "the agent's device plugin stands down: another device plugin serves {} on this node ({which})",
+                opts.resource_name
+            ),
+            "remove the other device plugin (the GPU Operator's: its devicePlugin.enabled=false) \
+             and the agent's serves within a minute, or turn the agent's off \
+             (agent.devicePlugin.enabled=false)",
+        );
     }
     let dir = opts.kubelet_dir.join(PLUGIN_DIR);
     let kubelet = dir.join(KUBELET_SOCKET);
@@ -111,6 +149,12 @@ pub(super) fn allocatable(opts: &Options, facts: &Facts) -> Check {
             return Check::skip(
                 NAME,
                 "the agent runs without --device-plugin (see device-plugin)",
+            );
+        }
+        Ok(Some(_)) if stood_down(facts) => {
+            return Check::skip(
+                NAME,
+                "the agent's device plugin stands down for another plugin (see device-plugin)",
             );
         }
         Ok(Some(healthy)) => healthy,

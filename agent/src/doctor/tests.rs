@@ -818,6 +818,52 @@ fn the_device_plugin_must_be_registered_with_the_kubelet() {
 }
 
 #[test]
+fn a_device_plugin_standing_down_for_another_fails_and_names_it() {
+    let mut node = healthy();
+    node.http.insert(
+        "/metrics",
+        HttpReply {
+            status: 200,
+            body: format!(
+                "{METRICS}mockgpu_device_plugin_registrations_total 0\nmockgpu_device_plugin_healthy_gpus 0\nmockgpu_device_plugin_stood_down 1\n"
+            ),
+        },
+    );
+    // the GpuNode's condition names the other plugin
+    let mut gpunode = reported(5, "True");
+    let status = gpunode.status.as_mut().unwrap();
+    let mut conflict = status.conditions[0].clone();
+    conflict.type_ = "DevicePluginConflict".into();
+    conflict.status = "True".into();
+    conflict.reason = "AnotherPluginServes".into();
+    conflict.message = "another device plugin serves nvidia.com/gpu on this node (socket /var/lib/kubelet/device-plugins/nvidia-gpu.sock, devices GPU-x): the agent's device plugin stands down".into();
+    status.conditions.push(conflict);
+    node.cluster = Ok(view(Some("4"), Some(gpunode)));
+    let c = check(
+        &node,
+        "device-plugin",
+        Status::Fail,
+        "the agent's device plugin stands down: another device plugin serves nvidia.com/gpu on this node (GpuNode node-0: another device plugin serves nvidia.com/gpu on this node (socket /var/lib/kubelet/device-plugins/nvidia-gpu.sock",
+    );
+    assert!(c.fix.unwrap().contains("agent.devicePlugin.enabled=false"));
+    // the allocatable count is the other plugin's: not compared with ours
+    check(
+        &node,
+        "allocatable",
+        Status::Skip,
+        "stands down for another plugin",
+    );
+    // without the API server, the log names it
+    node.cluster = Err("no API".into());
+    check(
+        &node,
+        "device-plugin",
+        Status::Fail,
+        "(the agent's log names it)",
+    );
+}
+
+#[test]
 fn the_node_must_allocate_the_healthy_gpus() {
     let mut node = healthy();
     node.cluster = Ok(view(Some("3"), Some(reported(5, "True"))));

@@ -4,7 +4,8 @@
 //!
 //! It reports when the GPUs are first served, on every heartbeat (jittered), about half a second
 //! after a pinning change (the NRI plugin's events; Synchronize replays them at every
-//! connection), and when the topology changes (a profile reload). API errors are retried with
+//! connection) or a change of the device plugin's standing (`DevicePluginConflict`), and when
+//! the topology changes (a profile reload). API errors are retried with
 //! a doubling delay (1 s to 5 min); after one, the object and the Node are read again. A deleted
 //! GpuNode is recreated by the next report. The pure parts are in [`status`], the API server
 //! behind [`GpuNodes`] ([`Live`] in production, a fake in the tests).
@@ -22,6 +23,8 @@ use mockgpu_api::gpunode::{GpuNode, GpuNodeStatus};
 use mockgpu_nri::PinningEvent;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+
+use crate::device_plugin::Standing;
 
 pub use live::{Credentials, Live, credentials, credentials_from_env};
 pub use status::{PinningMap, Previous, Readiness, RealGpus, Served};
@@ -105,11 +108,12 @@ fn agent_status(
     pinning: &PinningMap,
     hash: &str,
     readiness: &Readiness,
+    standing: Option<&Standing>,
     previous: &Previous,
 ) -> GpuNodeStatus {
     let now = Time(Timestamp::now());
     let version = env!("CARGO_PKG_VERSION");
-    let mut status = status::status(hash, readiness, pinning, previous, version, &now);
+    let mut status = status::status(hash, readiness, standing, pinning, previous, version, &now);
     status.agent_instance = Some(instance.to_string());
     status
 }
@@ -128,6 +132,8 @@ struct Reporter<A> {
     /// This process's `agentInstance`.
     instance: String,
     pinning: PinningMap,
+    /// The device plugin's standing, when it runs.
+    standing: Option<Standing>,
     known: Option<Known>,
     reported_once: bool,
 }
@@ -179,6 +185,7 @@ impl<A: GpuNodes> Reporter<A> {
             &self.pinning,
             &hash,
             readiness,
+            self.standing.as_ref(),
             &known.previous,
         );
         self.api
@@ -217,6 +224,7 @@ impl<A: GpuNodes> Reporter<A> {
             &self.pinning,
             &hash,
             &status::stopped(),
+            self.standing.as_ref(),
             &previous,
         );
         self.api
@@ -227,12 +235,13 @@ impl<A: GpuNodes> Reporter<A> {
 
 /// Reports `served`'s GpuNode through `api` until `stop` completes, then reports `Ready` False
 /// (if it has reported at all). `served` is `None` until the GPUs are served; `pinning` is
-/// `None` without an NRI plugin.
+/// `None` without an NRI plugin, `standing` without a device plugin.
 pub async fn run<A: GpuNodes, S: Served>(
     api: A,
     config: &Config,
     mut served: watch::Receiver<Option<S>>,
     mut pinning: Option<mpsc::UnboundedReceiver<PinningEvent>>,
+    mut standing: Option<watch::Receiver<Standing>>,
     stop: impl Future<Output = ()>,
 ) {
     tokio::pin!(stop);
@@ -241,6 +250,7 @@ pub async fn run<A: GpuNodes, S: Served>(
         node_name: config.node_name.clone(),
         instance: format!("{:016x}", random_u64()),
         pinning: PinningMap::default(),
+        standing: standing.as_mut().map(|s| s.borrow_and_update().clone()),
         known: None,
         reported_once: false,
     };
@@ -267,6 +277,19 @@ pub async fn run<A: GpuNodes, S: Served>(
                         }
                     }
                     None => pinning = None,
+                }
+                None
+            }
+            changed = async { standing.as_mut().expect("guarded").changed().await }, if standing.is_some() => {
+                match changed {
+                    Ok(()) => {
+                        reporter.standing = standing.as_mut().map(|s| s.borrow_and_update().clone());
+                        if failures == 0 {
+                            next = next.min(Instant::now() + DEBOUNCE);
+                        }
+                    }
+                    // the device plugin ended: what it said last stays
+                    Err(_) => standing = None,
                 }
                 None
             }
@@ -313,12 +336,13 @@ pub fn start<S: Served>(
     config: Config,
     served: watch::Receiver<Option<S>>,
     pinning: Option<mpsc::UnboundedReceiver<PinningEvent>>,
+    standing: Option<watch::Receiver<Standing>>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tracing::info!(node = %config.node_name, heartbeat = ?config.heartbeat, credentials = ?config.credentials, "reporting the GpuNode");
     tokio::spawn(async move {
         let api = Live::new(config.credentials.clone());
-        run(api, &config, served, pinning, stop).await;
+        run(api, &config, served, pinning, standing, stop).await;
     })
 }
 

@@ -9,6 +9,8 @@ use mockgpu_api::NodeTopology;
 use mockgpu_api::gpunode::{GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Mode, Pinning, condition};
 use mockgpu_nri::{DriverGpu, PinningEvent};
 
+use crate::device_plugin::Standing;
+
 /// The profile name reported in real mode.
 pub const REAL_PROFILE: &str = "real";
 /// The first retry's delay after an API error.
@@ -172,22 +174,27 @@ pub struct Previous {
     pub topology_since: Option<Time>,
     /// The `Ready` condition.
     pub ready: Option<Condition>,
+    /// The `DevicePluginConflict` condition.
+    pub device_plugin: Option<Condition>,
 }
 
 impl Previous {
-    /// What an existing GpuNode says (its spec's hash, its status' time and `Ready`).
+    /// What an existing GpuNode says (its spec's hash, its status' time and the agent's
+    /// conditions).
     pub fn of(spec: &GpuNodeSpec, status: Option<&GpuNodeStatus>) -> Previous {
+        let conditions = status.map_or(&[][..], |s| &s.conditions);
         Previous {
             topology_hash: Some(spec.topology_hash.clone()),
             topology_since: status.and_then(|s| s.topology_since.clone()),
-            ready: status.and_then(|s| {
-                s.conditions
-                    .iter()
-                    .find(|c| c.type_ == condition::READY)
-                    .cloned()
-            }),
+            ready: find(conditions, condition::READY),
+            device_plugin: find(conditions, condition::DEVICE_PLUGIN_CONFLICT),
         }
     }
+}
+
+/// The condition of type `type_` in `conditions`.
+fn find(conditions: &[Condition], type_: &str) -> Option<Condition> {
+    conditions.iter().find(|c| c.type_ == type_).cloned()
 }
 
 /// When the agent first reported `hash`: the previous `since` while the hash is the same,
@@ -199,37 +206,90 @@ pub fn topology_since(previous: &Previous, hash: &str, now: &Time) -> Time {
     }
 }
 
-/// The `Ready` condition: its transition time moves only when its status changes.
-pub fn ready_condition(
-    readiness: &Readiness,
+/// A condition of type `type_` whose transition time moves only when its status changes.
+fn condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
     previous: Option<&Condition>,
     now: &Time,
 ) -> Condition {
-    let status = if readiness.ready { "True" } else { "False" };
+    let status = if status { "True" } else { "False" };
     let last_transition_time = match previous {
         Some(c) if c.status == status => c.last_transition_time.clone(),
         _ => now.clone(),
     };
     Condition {
-        type_: condition::READY.into(),
+        type_: type_.into(),
         status: status.into(),
-        reason: readiness.reason.into(),
-        message: readiness.message.clone(),
+        reason: reason.into(),
+        message,
         last_transition_time,
         observed_generation: None,
     }
 }
 
+/// The `Ready` condition.
+pub fn ready_condition(
+    readiness: &Readiness,
+    previous: Option<&Condition>,
+    now: &Time,
+) -> Condition {
+    condition(
+        condition::READY,
+        readiness.ready,
+        readiness.reason,
+        readiness.message.clone(),
+        previous,
+        now,
+    )
+}
+
+/// The `DevicePluginConflict` condition: True while the device plugin stands down for another
+/// plugin, False while it serves; the previous one while it starts.
+pub fn device_plugin_condition(
+    standing: &Standing,
+    previous: Option<&Condition>,
+    now: &Time,
+) -> Option<Condition> {
+    let (conflict, reason, message) = match standing {
+        Standing::Starting => return previous.cloned(),
+        Standing::Serving => (
+            false,
+            "Serving",
+            "no other device plugin serves the GPUs: the agent's does".to_string(),
+        ),
+        Standing::StoodDown(other) => (
+            true,
+            "AnotherPluginServes",
+            format!("{other}: the agent's device plugin stands down"),
+        ),
+    };
+    Some(condition(
+        condition::DEVICE_PLUGIN_CONFLICT,
+        conflict,
+        reason,
+        message,
+        previous,
+        now,
+    ))
+}
+
 /// The agent's part of the status of a node whose spec hash is `hash` (the reporter adds its
-/// `agentInstance`).
+/// `agentInstance`); `standing` is the device plugin's, when it runs.
 pub fn status(
     hash: &str,
     readiness: &Readiness,
+    standing: Option<&Standing>,
     pinning: &PinningMap,
     previous: &Previous,
     version: &str,
     now: &Time,
 ) -> GpuNodeStatus {
+    let ready = ready_condition(readiness, previous.ready.as_ref(), now);
+    let device_plugin =
+        standing.and_then(|s| device_plugin_condition(s, previous.device_plugin.as_ref(), now));
     GpuNodeStatus {
         agent_version: Some(version.to_string()),
         agent_instance: None,
@@ -237,7 +297,7 @@ pub fn status(
         topology_since: Some(topology_since(previous, hash, now)),
         held_gpus: pinning.held(),
         pinning: pinning.pinning(),
-        conditions: vec![ready_condition(readiness, previous.ready.as_ref(), now)],
+        conditions: std::iter::once(ready).chain(device_plugin).collect(),
     }
 }
 
@@ -246,7 +306,8 @@ pub fn reported(hash: &str, status: &GpuNodeStatus) -> Previous {
     Previous {
         topology_hash: Some(hash.to_string()),
         topology_since: status.topology_since.clone(),
-        ready: status.conditions.first().cloned(),
+        ready: find(&status.conditions, condition::READY),
+        device_plugin: find(&status.conditions, condition::DEVICE_PLUGIN_CONFLICT),
     }
 }
 
@@ -346,7 +407,7 @@ pub(super) mod tests {
         let same = Previous {
             topology_hash: Some("h1".into()),
             topology_since: Some(at(5)),
-            ready: None,
+            ..Previous::default()
         };
         let no_since = Previous {
             topology_since: None,
@@ -393,7 +454,15 @@ pub(super) mod tests {
         let mut m = PinningMap::default();
         m.apply(&pinned("c1", "a", &["GPU-0", "GPU-1"]), &at(0));
         let readiness = RealGpus(Vec::new()).readiness();
-        let s = status("h", &readiness, &m, &Previous::default(), "0.1.0", &at(7));
+        let s = status(
+            "h",
+            &readiness,
+            None,
+            &m,
+            &Previous::default(),
+            "0.1.0",
+            &at(7),
+        );
         assert_eq!(s.held_gpus, 2);
         assert_eq!(s.pinning.len(), 1);
         assert_eq!(s.last_heartbeat, Some(at(7)));
@@ -407,10 +476,76 @@ pub(super) mod tests {
             ),
             ("False", "DriverUnreadable")
         );
-        let next = status("h", &readiness, &m, &reported("h", &s), "0.1.0", &at(37));
+        let next = status(
+            "h",
+            &readiness,
+            None,
+            &m,
+            &reported("h", &s),
+            "0.1.0",
+            &at(37),
+        );
         assert_eq!(next.topology_since, Some(at(7)));
         assert_eq!(next.last_heartbeat, Some(at(37)));
         assert_eq!(next.conditions[0].last_transition_time, at(7));
+    }
+
+    #[test]
+    fn the_device_plugins_condition_follows_its_standing() {
+        let other = crate::device_plugin::Conflict {
+            resource: "nvidia.com/gpu".into(),
+            socket: "/var/lib/kubelet/device-plugins/nvidia-gpu.sock".into(),
+            ids: vec!["GPU-x".into()],
+        };
+        let m = PinningMap::default();
+        let up = RealGpus(Vec::new()).readiness();
+        let report = |standing: Option<&Standing>, previous: &Previous, t: i64| {
+            status("h", &up, standing, &m, previous, "0.1.0", &at(t))
+        };
+        let conflict = |s: &GpuNodeStatus| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == condition::DEVICE_PLUGIN_CONFLICT)
+                .map(|c| {
+                    (
+                        c.status.clone(),
+                        c.reason.clone(),
+                        c.last_transition_time.clone(),
+                    )
+                })
+        };
+        // without a device plugin, and while it starts with nothing reported before: none
+        assert_eq!(conflict(&report(None, &Previous::default(), 0)), None);
+        let starting = report(Some(&Standing::Starting), &Previous::default(), 0);
+        assert_eq!(starting.conditions.len(), 1);
+        assert_eq!(conflict(&starting), None);
+        // stood down: True, and the message names the other plugin
+        let down = report(Some(&Standing::StoodDown(other)), &Previous::default(), 1);
+        assert_eq!(
+            conflict(&down),
+            Some(("True".into(), "AnotherPluginServes".into(), at(1)))
+        );
+        let message = &down.conditions[1].message;
+        assert!(
+            message.contains("another device plugin serves nvidia.com/gpu on this node (socket /var/lib/kubelet/device-plugins/nvidia-gpu.sock, devices GPU-x)"),
+            "{message}"
+        );
+        // a restarted agent, starting, keeps what the object says
+        let previous = Previous::of(
+            &GpuNodeSpec::new("n", Mode::Mock, "gb300", Vec::new()),
+            Some(&down),
+        );
+        assert_eq!(
+            conflict(&report(Some(&Standing::Starting), &previous, 2)),
+            Some(("True".into(), "AnotherPluginServes".into(), at(1)))
+        );
+        // the other plugin gone: False, with a new transition time
+        let serving = report(Some(&Standing::Serving), &reported("h", &down), 3);
+        assert_eq!(
+            conflict(&serving),
+            Some(("False".into(), "Serving".into(), at(3)))
+        );
+        assert_eq!(serving.conditions[0].type_, condition::READY);
     }
 
     #[test]

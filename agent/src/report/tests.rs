@@ -173,6 +173,7 @@ struct Running {
     calls: Calls,
     served: watch::Sender<Option<NodeTopology>>,
     pinning: UnboundedSender<PinningEvent>,
+    standing: watch::Sender<Standing>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -180,12 +181,21 @@ struct Running {
 fn start_with(fake: Fake, calls: Calls, served: Option<NodeTopology>) -> Running {
     let (served_tx, served_rx) = watch::channel(served);
     let (pin_tx, pin_rx) = unbounded_channel();
+    let (standing_tx, standing_rx) = watch::channel(Standing::Starting);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let api = fake.clone();
     let task = tokio::spawn(async move {
-        run(api, &config(), served_rx, Some(pin_rx), async move {
+        let stop = async move {
             let _ = stop_rx.await;
-        })
+        };
+        run(
+            api,
+            &config(),
+            served_rx,
+            Some(pin_rx),
+            Some(standing_rx),
+            stop,
+        )
         .await;
     });
     Running {
@@ -193,6 +203,7 @@ fn start_with(fake: Fake, calls: Calls, served: Option<NodeTopology>) -> Running
         calls,
         served: served_tx,
         pinning: pin_tx,
+        standing: standing_tx,
         stop: Some(stop_tx),
         task,
     }
@@ -448,6 +459,47 @@ async fn a_pinning_change_is_reported_within_the_debounce() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_device_plugin_standing_down_is_reported_within_the_debounce() {
+    let mut r = start(Some(topology("gb300")));
+    let (_, first) = r.next_status().await;
+    assert_eq!(first.conditions.len(), 1, "nothing while the plugin starts");
+    let conflict = |s: &GpuNodeStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == condition::DEVICE_PLUGIN_CONFLICT)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let t0 = Instant::now();
+    r.standing
+        .send_replace(Standing::StoodDown(crate::device_plugin::Conflict {
+            resource: "nvidia.com/gpu".into(),
+            socket: "/k/device-plugins/nvidia-gpu.sock".into(),
+            ids: vec!["GPU-x".into()],
+        }));
+    let (t, s) = r.next_status().await;
+    assert_eq!(t - t0, DEBOUNCE);
+    assert_eq!(
+        conflict(&s),
+        Some(("True".into(), "AnotherPluginServes".into()))
+    );
+    assert_eq!(
+        ready(&s),
+        ("True", "TreeMounted"),
+        "the tree is still served"
+    );
+    r.standing.send_replace(Standing::Serving);
+    let (_, s) = r.next_status().await;
+    assert_eq!(conflict(&s), Some(("False".into(), "Serving".into())));
+    // the last report keeps it
+    let rest = r.stop().await;
+    let Some(Call::ApplyStatus(last)) = rest.last() else {
+        panic!("no last status in {rest:?}");
+    };
+    assert_eq!(conflict(last), Some(("False".into(), "Serving".into())));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_topology_change_moves_topology_since() {
     let mut r = start(Some(topology("gb300")));
     let (_, first) = r.next_status().await;
@@ -514,7 +566,7 @@ async fn real_gpus_are_reported_as_real() {
     drop(_tx);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        run(fake, &config(), rx, None, async move {
+        run(fake, &config(), rx, None, None, async move {
             let _ = stop_rx.await;
         })
         .await;
