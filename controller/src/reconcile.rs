@@ -790,3 +790,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod writes;
