@@ -6,6 +6,8 @@ pub mod crd;
 pub mod labels;
 pub mod lease;
 pub mod metrics;
+#[cfg(test)]
+mod mock_api;
 pub mod plan;
 pub mod reconcile;
 pub mod run;

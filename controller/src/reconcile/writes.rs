@@ -5,78 +5,21 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use hyper::{Request, Response};
-use kube::client::Body;
 use mockgpu_api::gpunode::AGENT_MANAGER;
 use mockgpu_api::{GpuNode, GpuNodeSpec, Mode};
 use serde_json::Value;
-use tokio::task::JoinHandle;
 
 use super::*;
 use crate::labels::{GPU_COUNT, PROFILE};
 use crate::metrics::WriteLabels;
+use crate::mock_api::{Sent, Server, api_server, requests, status};
 use crate::slim::tests::{node_json, slim};
 use crate::slurm::SlurmError;
 
-/// A request the mocked API server was sent.
-#[derive(Debug)]
-struct Sent {
-    method: String,
-    /// Path and query.
-    uri: String,
-    /// The `Content-Type` header.
-    content_type: String,
-    /// The JSON body (`Null`: none).
-    body: Value,
-}
-
-/// A mocked API server: a client whose requests are recorded, in order, and answered by `answer`
-/// (status, JSON body). The task ends with what it was sent once every clone of the client is
-/// dropped.
-fn api_server(
-    answer: impl Fn(&Sent) -> (u16, Value) + Send + 'static,
-) -> (Client, JoinHandle<Vec<Sent>>) {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(async move {
-        let mut sent = Vec::new();
-        while let Some((req, reply)) = handle.next_request().await {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect_bytes().await.expect("a readable request body");
-            let s = Sent {
-                method: parts.method.to_string(),
-                uri: parts.uri.to_string(),
-                content_type: parts
-                    .headers
-                    .get(hyper::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string(),
-                body: if bytes.is_empty() {
-                    Value::Null
-                } else {
-                    serde_json::from_slice(&bytes).expect("a JSON request body")
-                },
-            };
-            let (status, body) = answer(&s);
-            let answer = Response::builder()
-                .status(status)
-                .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                .unwrap();
-            reply.send_response(answer);
-            sent.push(s);
-        }
-        sent
-    });
-    (Client::new(service, "default"), server)
-}
-
 /// What the server was sent, once `ctx` (holding the last clients) is dropped.
-async fn sent<S>(ctx: Context<S>, server: JoinHandle<Vec<Sent>>) -> Vec<Sent> {
+async fn sent<S>(ctx: Context<S>, server: Server) -> Vec<Sent> {
     drop(ctx);
-    tokio::time::timeout(Duration::from_secs(10), server)
-        .await
-        .expect("the mocked API server ends once its clients are gone")
-        .expect("the mocked API server did not panic")
+    server.sent().await
 }
 
 /// The GpuNode as the API server has it (uid `gu`).
@@ -87,15 +30,6 @@ fn gpunode() -> GpuNode {
     );
     g.metadata.uid = Some("gu".into());
     g
-}
-
-/// A status answer of `code`.
-fn status(code: u16, reason: &str) -> (u16, Value) {
-    let body = json!({
-        "apiVersion": "v1", "kind": "Status", "status": "Failure",
-        "message": format!("{reason} (mocked)"), "reason": reason, "code": code,
-    });
-    (code, body)
 }
 
 /// The API server's answer to a successful write: the created Event, the patched Node's metadata
@@ -189,13 +123,6 @@ async fn execute_plan(
     let metrics = ctx.metrics.clone();
     let result = execute(&ctx, &slim(&gpunode()), &plan).await;
     (result, sent(ctx, server).await, metrics)
-}
-
-/// (method, path and query) of each request.
-fn requests(sent: &[Sent]) -> Vec<(&str, &str)> {
-    sent.iter()
-        .map(|s| (s.method.as_str(), s.uri.as_str()))
-        .collect()
 }
 
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events?";
