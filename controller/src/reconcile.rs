@@ -289,7 +289,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     .for_each(|r| async move { log_result("GpuNode", r) });
     // the sweep: Nodes whose GpuNode is gone, from the same caches (a failed one is tried again
     // after RETRY)
-    let sweep_ctx = Arc::new((ctx, gpunode_store, gpunodes_listed.clone()));
+    let sweep_ctx = Arc::new((ctx, gpunode_store, gpunodes_listed));
     let sweep = sweep_rx.for_each_concurrent(usize::from(CONCURRENCY), move |name| {
         let (ctx, again) = (sweep_ctx.clone(), sweep_tx.clone());
         async move {
@@ -300,22 +300,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
             }
         }
     });
-    // the lists' garbage (the decoded pages, a few MB) goes back to the system once they are done
-    let trim = async move {
-        if gpunodes_listed.wait().await.is_ok() {
-            release_free_memory();
-        }
-    };
-    tokio::join!(main, sweep, first_sweep, trim);
-}
-
-/// Returns the heap's free memory to the system (glibc keeps what was freed in its arenas).
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only hands free pages of the heap back; it is thread-safe.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    tokio::join!(main, sweep, first_sweep);
 }
 
 /// Whether node `name` carries labels of ours (`labels`) but has no GpuNode (in `gpunodes`,
