@@ -1,7 +1,6 @@
 //! The node labels that follow a GpuNode, and who owns them (server-side apply's managed fields).
 
-use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::{BTreeMap, BTreeSet};
 
 use mockgpu_api::Mode;
 use mockgpu_api::gpunode::CONTROLLER_MANAGER;
@@ -20,34 +19,32 @@ pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
 /// node-feature-discovery where it runs.
 pub const PCI_NVIDIA: &str = "feature.node.kubernetes.io/pci-10de.present";
 
-/// The labels we may set, in a fixed order (the bits of [`NodeLabels`]' masks).
+/// The labels we may set.
 pub const KEYS: [&str; 5] = [PROFILE, GPU_PRESENT, GPU_COUNT, GPU_PRODUCT, PCI_NVIDIA];
 
-fn bit(key: &str) -> Option<u8> {
-    KEYS.iter().position(|k| *k == key).map(|i| 1 << i)
+/// `key` as one of [`KEYS`].
+fn known(key: &str) -> Option<&'static str> {
+    KEYS.into_iter().find(|k| *k == key)
 }
 
 /// What labelling decides on of a Node: the current values of the labels we may set ([`KEYS`]),
-/// as digests (all that telling whether they are in place needs), the label keys our field
-/// manager owns through server-side apply, and which of [`KEYS`] another manager owns (its
-/// managed fields, reduced to their label keys).
+/// the label keys our field manager owns through server-side apply, and which of [`KEYS`] another
+/// manager owns (its managed fields, reduced to their label keys).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeLabels {
-    /// [`digest`]s of the values of [`KEYS`], where set.
-    values: [Option<u64>; KEYS.len()],
-    /// [`KEYS`] our applies own, as bits.
-    ours: u8,
-    /// Other label keys our applies own (an older release's), sorted.
-    ours_other: Vec<String>,
-    /// [`KEYS`] another manager owns, as bits.
-    others: u8,
+    /// The values of [`KEYS`], where set.
+    values: BTreeMap<&'static str, String>,
+    /// The label keys our applies own (with an older release's).
+    ours: BTreeSet<String>,
+    /// [`KEYS`] another manager owns.
+    others: BTreeSet<&'static str>,
 }
 
 impl NodeLabels {
     /// Takes note of label `key`'s value (kept if it is one of [`KEYS`]).
     pub fn observe_label(&mut self, key: &str, value: &str) {
-        if let Some(i) = KEYS.iter().position(|k| *k == key) {
-            self.values[i] = Some(digest(value));
+        if let Some(k) = known(key) {
+            self.values.insert(k, value.to_string());
         }
     }
 
@@ -55,61 +52,38 @@ impl NodeLabels {
     /// ours through `Apply`, or another manager's (our own `Update`s are neither).
     pub fn observe_owner(&mut self, manager: Option<&str>, operation: Option<&str>, key: &str) {
         if manager == Some(CONTROLLER_MANAGER) {
-            if operation != Some("Apply") {
-                return;
+            if operation == Some("Apply") {
+                self.ours.insert(key.to_string());
             }
-            match bit(key) {
-                Some(b) => self.ours |= b,
-                None => {
-                    if let Err(i) = self.ours_other.binary_search_by(|k| k.as_str().cmp(key)) {
-                        self.ours_other.insert(i, key.to_string());
-                    }
-                }
-            }
-        } else if let Some(b) = bit(key) {
-            self.others |= b;
+        } else if let Some(k) = known(key) {
+            self.others.insert(k);
         }
     }
 
     /// Whether label `key`, one of [`KEYS`], is set to `value`.
     pub fn has(&self, key: &str, value: &str) -> bool {
-        KEYS.iter()
-            .position(|k| *k == key)
-            .is_some_and(|i| self.values[i] == Some(digest(value)))
+        self.values.get(key).is_some_and(|v| v == value)
     }
 
     /// Whether label `key` is set (if it is one of [`KEYS`]).
     #[cfg(test)]
     pub fn is_set(&self, key: &str) -> bool {
-        KEYS.iter()
-            .position(|k| *k == key)
-            .is_some_and(|i| self.values[i].is_some())
+        self.values.contains_key(key)
     }
 
-    /// The label keys our field manager owns through apply.
+    /// The label keys our field manager owns through apply, sorted.
     pub fn ours(&self) -> impl Iterator<Item = &str> {
-        KEYS.iter()
-            .enumerate()
-            .filter(|(i, _)| self.ours & (1 << i) != 0)
-            .map(|(_, k)| *k)
-            .chain(self.ours_other.iter().map(String::as_str))
+        self.ours.iter().map(String::as_str)
     }
 
     /// Whether a field manager other than ours owns label `key` (one of [`KEYS`]).
     pub fn owned_by_another(&self, key: &str) -> bool {
-        bit(key).is_some_and(|b| self.others & b != 0)
+        self.others.contains(key)
     }
 
     /// Whether our field manager owns exactly the label keys `keys`.
     fn ours_are<'a>(&self, keys: impl Iterator<Item = &'a String>) -> bool {
-        let mut mask = 0;
-        for k in keys {
-            match bit(k) {
-                Some(b) => mask |= b,
-                None => return false,
-            }
-        }
-        self.ours_other.is_empty() && mask == self.ours
+        self.ours.iter().eq(keys)
     }
 }
 
@@ -165,13 +139,6 @@ pub async fn apply(
         .patch(name, &params, &kube::api::Patch::Apply(&patch))
         .await?;
     Ok(())
-}
-
-/// A label value's digest (only compared within one process).
-fn digest(value: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    value.hash(&mut h);
-    h.finish()
 }
 
 /// A label value from free text: characters other than letters, digits, `-`, `_`, `.` become
