@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
 use mockgpu_api::GpuNode;
 use tracing::info;
 
-use crate::labels;
-use crate::slim::SlimNode;
+use crate::labels::{self, NodeLabels};
 
 /// What a cleanup did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -36,10 +36,10 @@ pub async fn cleanup(client: Client) -> Result<Cleaned, kube::Error> {
             Err(e) => return Err(e),
         }
     }
-    // metadata only, and of that our labels and who owns them
-    let nodes: Api<SlimNode> = Api::all(client);
-    for node in nodes.list(&ListParams::default()).await? {
-        if labels::to_apply(None, &node.labels).is_none() {
+    // metadata only
+    let nodes: Api<Node> = Api::all(client);
+    for node in nodes.list_metadata(&ListParams::default()).await? {
+        if labels::to_apply(None, &NodeLabels::of(&node.metadata)).is_none() {
             continue;
         }
         let name = node.name_any();

@@ -408,10 +408,10 @@ mod tests {
     use mockgpu_api::{GpuNode, GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning};
 
     use super::*;
-    use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, PCI_NVIDIA, PROFILE};
-    use crate::slim::SlimNode;
+    use crate::labels::tests::node_json as node;
+    use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, NodeMeta, PCI_NVIDIA, PROFILE};
     // node(owners, labels): node-a, with managed-fields entries of (manager, operation, keys)
-    use crate::slim::tests::{node_json as node, slim, slim_pod};
+    use crate::slim::tests::{slim, slim_pod};
 
     /// Seconds after an arbitrary origin.
     fn t(secs: i64) -> Timestamp {
@@ -458,7 +458,7 @@ mod tests {
     }
 
     /// The node as we leave it: our labels in place, owned by us.
-    fn labelled_node() -> SlimNode {
+    fn labelled_node() -> NodeMeta {
         let ours = [
             (PROFILE, "gb300"),
             (GPU_PRESENT, "true"),
@@ -523,7 +523,7 @@ mod tests {
 
     struct Case<'a> {
         gpunode: Option<&'a GpuNode>,
-        node: Option<&'a SlimNode>,
+        node: Option<&'a NodeMeta>,
         slurmd: Vec<&'a Pod>,
         pods: Vec<&'a Pod>,
         now: i64,
@@ -536,7 +536,7 @@ mod tests {
         let pods: Vec<GpuPod> = c.pods.iter().map(|p| (&slim_pod(p)).into()).collect();
         plan(&Input {
             gpunode: c.gpunode.map(slim).as_ref(),
-            node: c.node.map(|n| &n.labels),
+            node: c.node.map(|n| NodeLabels::of(&n.metadata)).as_ref(),
             slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
             pods: &pods.iter().collect::<Vec<_>>(),
             now: t(c.now),
@@ -544,7 +544,7 @@ mod tests {
         })
     }
 
-    fn case<'a>(g: Option<&'a GpuNode>, n: Option<&'a SlimNode>) -> Case<'a> {
+    fn case<'a>(g: Option<&'a GpuNode>, n: Option<&'a NodeMeta>) -> Case<'a> {
         Case {
             gpunode: g,
             node: n,

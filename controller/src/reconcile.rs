@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use futures::channel::{mpsc, oneshot};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -29,10 +29,10 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::labels;
-use crate::labels::NodeLabels;
+use crate::labels::{NodeLabels, NodeMeta};
 use crate::metrics::{ActionLabels, Metrics};
 use crate::plan::{self, Input, Plan, Settings, requests_resource};
-use crate::slim::{GpuPod, NodeCache, PodCache, SlimGpuNode, SlimNode, SlimPod, SlurmdPod};
+use crate::slim::{GpuPod, PodCache, SlimGpuNode, SlimPod, SlurmdPod};
 use crate::slurm::{NodeDeleted, SlurmNodes};
 
 /// A failed reconcile (retried after [`RETRY`]).
@@ -85,7 +85,7 @@ pub struct Context<S> {
     slurm: Option<Arc<S>>,
     recorder: Recorder,
     metrics: Metrics,
-    nodes: NodeCache,
+    nodes: Store<NodeMeta>,
     slurmd: PodCache<SlurmdPod>,
     pods: PodCache<GpuPod>,
     /// The three caches above have had their first list.
@@ -174,9 +174,9 @@ fn node_of(pod: SlimPod) -> Option<ObjectRef<SlimGpuNode>> {
 /// pods are those matching the label selector `slurmd_selector`.
 ///
 /// One watch per kind of object, each cached once (only what `plan` reads, see
-/// [`slim`](crate::slim); pods by node, and only GPU pods of all pods), shared by both
-/// controllers. The GpuNodes are listed last, once the other caches are: by then every Node and
-/// pod has triggered its GpuNode, and a (re)start reconciles each GpuNode once.
+/// [`slim`](crate::slim) and [`labels::trim`]; pods by node, and only GPU pods of all pods),
+/// shared by both controllers. The GpuNodes are listed last, once the other caches are: by then
+/// every Node and pod has triggered its GpuNode, and a (re)start reconciles each GpuNode once.
 pub async fn controllers<S: SlurmNodes + 'static>(
     client: Client,
     settings: Settings,
@@ -186,7 +186,8 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     slurmd_selector: &str,
 ) {
     let gpunodes: Api<SlimGpuNode> = Api::all(client.clone());
-    let nodes: Api<SlimNode> = Api::all(client.clone());
+    // metadata only
+    let nodes: Api<NodeMeta> = Api::all(client.clone());
     let pods: Api<SlimPod> = Api::all(client.clone());
     let cfg = watcher::Config::default;
     // the sweep's triggers (Node names): every GpuNode deleted; every Node written that carries
@@ -202,10 +203,11 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     ));
     // each cache is written before its event triggers a reconcile, so a reconcile sees at least
     // what triggered it
-    let node_cache = NodeCache::default();
-    let cache = node_cache.clone();
-    let (node_events, nodes_listed) =
-        first_list(watcher(nodes, cfg()).inspect_ok(move |e| cache.apply(e)));
+    let (node_store, w) = reflector::store();
+    let (node_events, nodes_listed) = first_list(reflector::reflector(
+        w,
+        watcher(nodes, cfg()).modify(|n| labels::trim(&mut n.metadata)),
+    ));
     let (to_sweep, gpunodes, listed) = (
         sweep_tx.clone(),
         gpunode_store.clone(),
@@ -214,24 +216,24 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     let node_events = node_events.inspect_ok(move |e| {
         if let watcher::Event::Apply(n) | watcher::Event::InitApply(n) = e
             && listed.is_done()
+            && orphaned(n, &gpunodes)
         {
-            let name = n.name_any();
-            if orphaned(&name, &n.labels, &gpunodes) {
-                let _ = to_sweep.unbounded_send(name);
-            }
+            let _ = to_sweep.unbounded_send(n.name_any());
         }
     });
     let first_sweep = {
         let (nodes, gpunodes, listed, tx) = (
-            node_cache.clone(),
+            node_store.clone(),
             gpunode_store.clone(),
             gpunodes_listed.clone(),
             sweep_tx.clone(),
         );
         async move {
             if listed.wait().await.is_ok() {
-                for name in nodes.names(|name, n| orphaned(name, &n.labels, &gpunodes)) {
-                    let _ = tx.unbounded_send(name);
+                for n in nodes.state() {
+                    if orphaned(&n, &gpunodes) {
+                        let _ = tx.unbounded_send(n.name_any());
+                    }
                 }
             }
         }
@@ -267,7 +269,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
         recorder,
         metrics,
         synced,
-        nodes: node_cache,
+        nodes: node_store,
         slurmd: slurmd_cache,
         pods: pod_cache,
     });
@@ -303,10 +305,10 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     tokio::join!(main, sweep, first_sweep);
 }
 
-/// Whether node `name` carries labels of ours (`labels`) but has no GpuNode (in `gpunodes`,
-/// listed).
-fn orphaned(name: &str, labels: &NodeLabels, gpunodes: &Store<SlimGpuNode>) -> bool {
-    labels.ours().next().is_some() && gpunodes.get(&ObjectRef::new(name)).is_none()
+/// Whether Node `n` carries labels of ours but has no GpuNode (in `gpunodes`, listed).
+fn orphaned(n: &NodeMeta, gpunodes: &Store<SlimGpuNode>) -> bool {
+    NodeLabels::of(&n.metadata).ours().next().is_some()
+        && gpunodes.get(&ObjectRef::new(&n.name_any())).is_none()
 }
 
 /// Drops the object's UID.
@@ -362,12 +364,15 @@ async fn reconcile_gpunode<S: SlurmNodes>(
     let started = Instant::now();
     ctx.synced.wait().await?;
     let name = g.name_any();
-    let node = ctx.nodes.get(&name);
+    let node = ctx
+        .nodes
+        .get(&ObjectRef::new(&name))
+        .map(|n| NodeLabels::of(&n.metadata));
     let p = ctx.slurmd.on_node(&name, |slurmd| {
         ctx.pods.on_node(&name, |pods| {
             plan::plan(&Input {
                 gpunode: Some(&g),
-                node: node.as_ref().map(|n| &n.labels),
+                node: node.as_ref(),
                 slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
                 pods: &pods.iter().collect::<Vec<_>>(),
                 now: Timestamp::now(),
@@ -453,7 +458,7 @@ async fn apply_labels<S>(
     node: &str,
     labels: &std::collections::BTreeMap<String, String>,
 ) -> Result<(), ReconcileError> {
-    let nodes: Api<SlimNode> = Api::all(ctx.client.clone());
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
     labels::apply(&nodes, node, labels)
         .await
         .map_err(kube_err(format!("applying labels to node {node}")))?;
@@ -621,13 +626,13 @@ async fn sweep_node<S: SlurmNodes>(
         return Ok(());
     }
     // a Node gone is no one's business
-    let Some(node) = ctx.nodes.get(name) else {
+    let Some(node) = ctx.nodes.get(&ObjectRef::new(name)) else {
         debug!(node = %name, "no such Node");
         return Ok(());
     };
     let p = plan::plan(&Input {
         gpunode: None,
-        node: Some(&node.labels),
+        node: Some(&NodeLabels::of(&node.metadata)),
         slurmd_pods: &[],
         pods: &[],
         now: Timestamp::now(),
@@ -640,7 +645,7 @@ async fn sweep_node<S: SlurmNodes>(
             api_version: Some("v1".into()),
             kind: Some("Node".into()),
             name: Some(name.to_string()),
-            uid: node.uid.clone(),
+            uid: node.metadata.uid.clone(),
             ..Default::default()
         };
         ctx.event(

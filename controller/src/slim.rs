@@ -1,8 +1,9 @@
-//! What the controller keeps of the objects it watches: only the fields the decision (`plan`)
-//! reads. serde skips everything else while decoding, so the GPUs' details, most of a pod, the
-//! managed fields and the annotations of thousands of objects are never allocated: a full resync
-//! of a large cluster costs a fraction of the full objects' CPU and memory. Pods are cached by
-//! the node they are bound to, so that a reconcile looks up only its node's.
+//! What the controller keeps of the GpuNodes and pods it watches: only the fields the decision
+//! (`plan`) reads. serde skips everything else while decoding, so the GPUs' details, most of a
+//! pod, the managed fields and the annotations of thousands of objects are never allocated: a
+//! full resync of a large cluster costs a fraction of the full objects' CPU and memory. Pods are
+//! cached by the node they are bound to, so that a reconcile looks up only its node's. (Nodes are
+//! watched as metadata, trimmed by `labels::trim`.)
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -10,7 +11,7 @@ use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -20,8 +21,6 @@ use mockgpu_api::gpunode::condition;
 use mockgpu_api::{GpuNode, Mode};
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-
-use crate::labels::NodeLabels;
 
 /// A GpuNode as the controller caches it.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -130,34 +129,6 @@ pub const OUR_CONDITIONS: [&str; 3] = [
     condition::INJECTION_MISSING,
 ];
 
-/// A Node's metadata as the controller watches it (fetched as `PartialObjectMetadata`): name, UID
-/// and resource version, and of its labels and managed fields only what labelling decides on.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(from = "RawNode")]
-pub struct SlimNode {
-    /// Name, UID and resource version only.
-    pub metadata: ObjectMeta,
-    /// Our labels' values and who owns them.
-    pub labels: NodeLabels,
-}
-
-/// What the Node cache keeps of a Node.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CachedNode {
-    /// The Node's UID (for Events about it).
-    pub uid: Option<String>,
-    /// Our labels' values and who owns them.
-    pub labels: NodeLabels,
-}
-
-/// The Node cache, by name: filled from the Node watch's events as kube-runtime's reflector fills
-/// a store (a list replaces the whole cache at its end), but keeping only a [`CachedNode`] of
-/// each, not an object with its metadata. Clones share it.
-#[derive(Clone, Debug, Default)]
-pub struct NodeCache(Arc<RwLock<Listed<NodesByName>>>);
-
-type NodesByName = HashMap<String, Arc<CachedNode>>;
-
 /// A cache's contents, filled from a watch's events as kube-runtime's reflector fills a store: a
 /// list is gathered aside and replaces the contents at its end.
 #[derive(Debug, Default)]
@@ -196,43 +167,6 @@ fn apply_locked<M: Contents<K>, K>(lock: &RwLock<Listed<M>>, e: &watcher::Event<
 
 fn read<M>(lock: &RwLock<Listed<M>>) -> std::sync::RwLockReadGuard<'_, Listed<M>> {
     lock.read().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Contents<SlimNode> for NodesByName {
-    fn insert(&mut self, n: &SlimNode) {
-        let cached = CachedNode {
-            uid: n.metadata.uid.clone(),
-            labels: n.labels.clone(),
-        };
-        let name = n.metadata.name.clone().unwrap_or_default();
-        HashMap::insert(self, name, Arc::new(cached));
-    }
-
-    fn remove(&mut self, n: &SlimNode) {
-        HashMap::remove(self, n.metadata.name.as_deref().unwrap_or_default());
-    }
-}
-
-impl NodeCache {
-    /// Applies a watch event of the Nodes.
-    pub fn apply(&self, e: &watcher::Event<SlimNode>) {
-        apply_locked(&self.0, e);
-    }
-
-    /// Node `name`, if cached.
-    pub fn get(&self, name: &str) -> Option<Arc<CachedNode>> {
-        read(&self.0).current.get(name).cloned()
-    }
-
-    /// The names of the cached Nodes that `pick` picks.
-    pub fn names(&self, mut pick: impl FnMut(&str, &CachedNode) -> bool) -> Vec<String> {
-        read(&self.0)
-            .current
-            .iter()
-            .filter(|(name, n)| pick(name, n))
-            .map(|(name, _)| name.clone())
-            .collect()
-    }
 }
 
 /// A pod as the controller watches it: its metadata for the watch (name, namespace, UID,
@@ -497,76 +431,6 @@ fn our_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SeenCondition>,
     Ok(all.iter().filter_map(SeenCondition::of).collect())
 }
 
-/// A `PartialObjectMetadata` of a Node, as decoded before [`SlimNode`] keeps its part.
-#[derive(Deserialize)]
-struct RawNode {
-    metadata: RawNodeMeta,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawNodeMeta {
-    name: Option<String>,
-    uid: Option<String>,
-    resource_version: Option<String>,
-    #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    managed_fields: Option<Vec<RawOwner>>,
-}
-
-/// A managed-fields entry: its manager and operation, and the label keys among its fields.
-#[derive(Deserialize)]
-struct RawOwner {
-    manager: Option<String>,
-    operation: Option<String>,
-    #[serde(rename = "fieldsV1")]
-    fields: Option<RawFields>,
-}
-
-#[derive(Deserialize)]
-struct RawFields {
-    #[serde(rename = "f:metadata")]
-    metadata: Option<RawMetaFields>,
-}
-
-#[derive(Deserialize)]
-struct RawMetaFields {
-    #[serde(rename = "f:labels")]
-    labels: Option<BTreeMap<String, IgnoredAny>>,
-}
-
-impl From<RawNode> for SlimNode {
-    fn from(raw: RawNode) -> Self {
-        let m = raw.metadata;
-        let mut labels = NodeLabels::default();
-        for (k, v) in m.labels.iter().flatten() {
-            labels.observe_label(k, v);
-        }
-        for o in m.managed_fields.iter().flatten() {
-            let keys = o
-                .fields
-                .as_ref()
-                .and_then(|f| f.metadata.as_ref()?.labels.as_ref())
-                .into_iter()
-                .flat_map(|l| l.keys())
-                .filter_map(|k| k.strip_prefix("f:"));
-            for key in keys {
-                labels.observe_owner(o.manager.as_deref(), o.operation.as_deref(), key);
-            }
-        }
-        SlimNode {
-            metadata: ObjectMeta {
-                name: m.name,
-                uid: m.uid,
-                resource_version: m.resource_version,
-                ..ObjectMeta::default()
-            },
-            labels,
-        }
-    }
-}
-
 /// A pod as decoded before [`SlimPod`] keeps its part.
 #[derive(Deserialize)]
 struct RawPod {
@@ -699,14 +563,11 @@ impl From<RawPod> for SlimPod {
 
 /// `Resource` for `$slim`, a slim form of `$full`: the same kind, group, version and plural.
 macro_rules! resource_of {
-    ($slim:ty, $full:ty, metadata_api: $metadata_api:expr) => {
+    ($slim:ty, $full:ty) => {
         impl Resource for $slim {
             type DynamicType = ();
             type Scope = <$full as Resource>::Scope;
 
-            fn metadata_api() -> bool {
-                $metadata_api
-            }
             fn kind(dt: &()) -> Cow<'_, str> {
                 <$full>::kind(dt)
             }
@@ -729,20 +590,16 @@ macro_rules! resource_of {
     };
 }
 
-resource_of!(SlimGpuNode, GpuNode, metadata_api: false);
-// metadata only (`PartialObjectMetadata`): the API server sends no spec or status
-resource_of!(SlimNode, Node, metadata_api: true);
-resource_of!(SlimPod, Pod, metadata_api: false);
+resource_of!(SlimGpuNode, GpuNode);
+resource_of!(SlimPod, Pod);
 
 #[cfg(test)]
 pub(crate) mod tests {
     use k8s_openapi::jiff::Timestamp;
-    use mockgpu_api::gpunode::AGENT_MANAGER;
     use mockgpu_api::{GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning};
     use serde_json::json;
 
     use super::*;
-    use crate::labels::{GPU_COUNT, PCI_NVIDIA, PROFILE};
 
     /// `g` as the controller caches it (through its JSON, as from the API server).
     pub(crate) fn slim(g: &GpuNode) -> SlimGpuNode {
@@ -851,21 +708,19 @@ pub(crate) mod tests {
         assert_eq!((empty.spec.model, empty.status), (None, None));
     }
 
-    /// The slim types are requested where the full ones are; Nodes as metadata only.
+    /// The slim types are requested where the full ones are.
     #[test]
     fn the_slim_types_are_the_same_resources() {
         assert_eq!(
             SlimGpuNode::url_path(&(), None),
             GpuNode::url_path(&(), None)
         );
-        assert_eq!(SlimNode::url_path(&(), None), Node::url_path(&(), None));
         assert_eq!(
             SlimPod::url_path(&(), Some("ns")),
             Pod::url_path(&(), Some("ns"))
         );
         assert!(!SlimPod::metadata_api());
-        assert_eq!(SlimNode::kind(&()), "Node");
-        assert!(SlimNode::metadata_api() && !SlimGpuNode::metadata_api());
+        assert!(!SlimGpuNode::metadata_api());
     }
 
     /// The digest tells every change but the transition time's; an odd status is kept as none.
@@ -1110,113 +965,5 @@ pub(crate) mod tests {
         cache.apply(&InitDone);
         assert_eq!(on("n1"), ids(&[("d", "h")]));
         assert_eq!(on("n2"), []);
-    }
-
-    /// A Node's metadata as the API server sends it: the kubelet's labels, ours, and the
-    /// managed fields of both (with fields that are not labels).
-    pub(crate) fn node_json(owners: &[(&str, &str, &[&str])], labels: &[(&str, &str)]) -> SlimNode {
-        let managed: Vec<_> = owners
-            .iter()
-            .map(|(manager, operation, keys)| {
-                let labels: serde_json::Map<_, _> =
-                    keys.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
-                json!({
-                    "manager": manager, "operation": operation, "apiVersion": "v1",
-                    "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
-                    "fieldsV1": {
-                        "f:metadata": {"f:labels": labels, "f:annotations": {"f:x": {}}},
-                        "f:status": {"f:conditions": {}},
-                    },
-                })
-            })
-            .collect();
-        let labels: serde_json::Map<_, _> = labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .collect();
-        serde_json::from_value(json!({
-            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-            "metadata": {
-                "name": "node-a", "uid": "nu", "resourceVersion": "7",
-                "labels": labels, "annotations": {"x": "y"}, "managedFields": managed,
-            },
-        }))
-        .unwrap()
-    }
-
-    /// The cache follows the watch: applies, deletions, and a list that replaces it at its end.
-    #[test]
-    fn the_node_cache_follows_the_watch() {
-        use watcher::Event::*;
-        let n = |name: &str, profile: &str| {
-            let mut n = node_json(&[], &[(PROFILE, profile)]);
-            n.metadata.name = Some(name.into());
-            n
-        };
-        let cache = NodeCache::default();
-        let profile = |name: &str| cache.get(name).map(|c| c.labels.has(PROFILE, "b"));
-        for e in [
-            Init,
-            InitApply(n("x", "a")),
-            InitApply(n("y", "a")),
-            InitDone,
-        ] {
-            cache.apply(&e);
-        }
-        assert_eq!(cache.get("x").unwrap().uid.as_deref(), Some("nu"));
-        cache.apply(&Apply(n("x", "b")));
-        assert_eq!((profile("x"), profile("y")), (Some(true), Some(false)));
-        cache.apply(&Delete(n("y", "a")));
-        assert_eq!(profile("y"), None);
-        // a new list: the old entries stay until it is done, then only the listed ones are left
-        cache.apply(&Init);
-        cache.apply(&InitApply(n("z", "b")));
-        assert_eq!((profile("x"), profile("z")), (Some(true), None));
-        cache.apply(&InitDone);
-        assert_eq!((profile("x"), profile("z")), (None, Some(true)));
-        assert_eq!(cache.names(|_, c| c.labels.has(PROFILE, "b")), ["z"]);
-    }
-
-    #[test]
-    fn a_node_keeps_our_labels_and_who_owns_them() {
-        let n = node_json(
-            &[
-                (
-                    "kubelet",
-                    "Update",
-                    &["kubernetes.io/hostname", PCI_NVIDIA] as &[&str],
-                ),
-                (
-                    "mockgpu-controller",
-                    "Apply",
-                    &[PROFILE, "old.mockgpu.io/x"],
-                ),
-                ("mockgpu-controller", "Update", &[GPU_COUNT]),
-                (AGENT_MANAGER, "Apply", &[]),
-            ],
-            &[
-                ("kubernetes.io/hostname", "node-a"),
-                (PROFILE, "gb300"),
-                (GPU_COUNT, "4"),
-            ],
-        );
-        assert_eq!(
-            (
-                n.metadata.name.as_deref(),
-                n.metadata.uid.as_deref(),
-                n.metadata.resource_version.as_deref()
-            ),
-            (Some("node-a"), Some("nu"), Some("7"))
-        );
-        assert_eq!((n.metadata.labels, n.metadata.annotations), (None, None));
-        assert!(n.labels.has(PROFILE, "gb300") && n.labels.has(GPU_COUNT, "4"));
-        assert!(!n.labels.is_set("kubernetes.io/hostname") && !n.labels.is_set(PCI_NVIDIA));
-        assert_eq!(
-            n.labels.ours().collect::<Vec<_>>(),
-            [PROFILE, "old.mockgpu.io/x"]
-        );
-        assert!(n.labels.owned_by_another(PCI_NVIDIA));
-        assert!(!n.labels.owned_by_another(PROFILE));
-        assert!(!n.labels.owned_by_another(GPU_COUNT), "our own Update");
     }
 }

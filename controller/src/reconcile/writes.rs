@@ -10,10 +10,11 @@ use mockgpu_api::{GpuNode, GpuNodeSpec, Mode};
 use serde_json::Value;
 
 use super::*;
+use crate::labels::tests::node_json;
 use crate::labels::{GPU_COUNT, PROFILE};
 use crate::metrics::WriteLabels;
 use crate::mock_api::{Sent, Server, api_server, requests, status};
-use crate::slim::tests::{node_json, slim};
+use crate::slim::tests::slim;
 use crate::slurm::SlurmError;
 
 /// What the server was sent, once `ctx` (holding the last clients) is dropped.
@@ -104,7 +105,7 @@ fn context(client: Client, slurm: Option<Arc<FakeSlurm>>) -> Context<FakeSlurm> 
         },
         slurm,
         metrics: Metrics::default(),
-        nodes: NodeCache::default(),
+        nodes: reflector::store().0,
         slurmd: PodCache::default(),
         pods: PodCache::default(),
         synced: Synced::new(async { true }),
@@ -538,10 +539,26 @@ async fn nothing_planned_writes_nothing() {
     assert_eq!(requests(&sent), []);
 }
 
+/// A store that has listed `object` (if any).
+fn listed_store<K>(object: Option<K>) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (store, mut writer) = reflector::store();
+    let list = [watcher::Event::Init]
+        .into_iter()
+        .chain(object.map(watcher::Event::InitApply))
+        .chain([watcher::Event::InitDone]);
+    for e in list {
+        writer.apply_watcher_event(&e);
+    }
+    store
+}
+
 /// The sweep's context over `client`: Node `node-a` cached, carrying a label of ours, and the
 /// GpuNodes listed (`listed`: whether node-a's is among them).
 fn sweep_context(client: Client, listed: bool) -> SweepContext<FakeSlurm> {
-    let ctx = context(client, None);
+    let mut ctx = context(client, None);
     let node = node_json(
         &[
             (CONTROLLER_MANAGER, "Apply", &[PROFILE]),
@@ -549,20 +566,9 @@ fn sweep_context(client: Client, listed: bool) -> SweepContext<FakeSlurm> {
         ],
         &[(PROFILE, "gb300")],
     );
-    for e in [
-        watcher::Event::Init,
-        watcher::Event::InitApply(node),
-        watcher::Event::InitDone,
-    ] {
-        ctx.nodes.apply(&e);
-    }
-    let (store, mut writer) = reflector::store();
-    writer.apply_watcher_event(&watcher::Event::Init);
-    if listed {
-        writer.apply_watcher_event(&watcher::Event::InitApply(slim(&gpunode())));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    (Arc::new(ctx), store, Synced::new(async { true }))
+    ctx.nodes = listed_store(Some(node));
+    let gpunodes = listed_store(listed.then(|| slim(&gpunode())));
+    (Arc::new(ctx), gpunodes, Synced::new(async { true }))
 }
 
 /// The sweep's writes over a server answering `answer`: the outcome and what was sent.
@@ -620,12 +626,12 @@ async fn a_failed_sweep_is_an_error() {
 #[tokio::test]
 async fn a_reconcile_writes_what_the_plan_of_its_caches_wants() {
     let (client, server) = api_server(ok);
-    let ctx = context(client, None);
+    let mut ctx = context(client, None);
     let node = node_json(
         &[("kubelet", "Update", &["kubernetes.io/hostname"])],
         &[("kubernetes.io/hostname", "node-a")],
     );
-    ctx.nodes.apply(&watcher::Event::Apply(node));
+    ctx.nodes = listed_store(Some(node));
     let ctx = Arc::new(ctx);
     let action = reconcile_gpunode(Arc::new(slim(&gpunode())), ctx.clone()).await;
     assert_eq!(action.unwrap(), Action::await_change());
