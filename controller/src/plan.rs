@@ -10,7 +10,7 @@ use mockgpu_api::Mode;
 use mockgpu_api::gpunode::condition;
 
 use crate::labels::{self, NodeLabels};
-use crate::slim::{GpuPod, PodRef, SeenCondition, SlimContainer, SlimGpuNode, SlimPod, SlurmdPod};
+use crate::slim::{SeenCondition, SlimContainer, SlimGpuNode, SlimPod};
 
 /// What the decision depends on besides the objects.
 #[derive(Debug, Clone)]
@@ -33,9 +33,9 @@ pub struct Input<'a> {
     /// The node's labels of ours and who owns them; `None` when the Node is gone.
     pub node: Option<&'a NodeLabels>,
     /// The slurmd pods on the node.
-    pub slurmd_pods: &'a [&'a SlurmdPod],
+    pub slurmd_pods: &'a [&'a SlimPod],
     /// The pods on the node (those requesting GPUs are looked at).
-    pub pods: &'a [&'a GpuPod],
+    pub pods: &'a [&'a SlimPod],
     /// The time of the decision.
     pub now: Timestamp,
     /// Settings.
@@ -121,11 +121,11 @@ pub fn plan(input: &Input<'_>) -> Plan {
         }
         let actions = drifted
             .iter()
-            .map(|pod| pod_action(&pod.id, condition::DRIFTED))
+            .map(|pod| pod_action(pod, condition::DRIFTED))
             .chain(
                 missing
                     .iter()
-                    .map(|(pod, _)| pod_action(&pod.id, condition::INJECTION_MISSING)),
+                    .map(|(pod, _)| pod_action(pod, condition::INJECTION_MISSING)),
             );
         for a in actions {
             if !p.delete_pods.iter().any(|b| b.uid == a.uid) {
@@ -232,7 +232,7 @@ impl<'a> Ctx<'a> {
 
     /// The slurmd pods that started before the current topology was first reported: their
     /// slurmd registered other GPUs.
-    fn drifted(&self) -> Vec<&'a SlurmdPod> {
+    fn drifted(&self) -> Vec<&'a SlimPod> {
         let Some(since) = self
             .g
             .status
@@ -245,12 +245,12 @@ impl<'a> Ctx<'a> {
             .slurmd_pods
             .iter()
             .copied()
-            .filter(|p| !p.id.deleting)
+            .filter(|p| !p.deleting())
             .filter(|p| p.started.is_some_and(|t| t < since.0))
             .collect()
     }
 
-    fn drifted_condition(&self, drifted: &[&SlurmdPod]) -> Condition {
+    fn drifted_condition(&self, drifted: &[&SlimPod]) -> Condition {
         if drifted.is_empty() {
             let msg = "no slurmd pod on the node predates its topology".into();
             return self.condition(condition::DRIFTED, "False", "InSync", msg);
@@ -262,7 +262,7 @@ impl<'a> Ctx<'a> {
             .and_then(|s| s.topology_since.as_ref());
         let msg = format!(
             "slurmd pod(s) {} started before the topology changed ({})",
-            names(drifted.iter().map(|p| pod_name(&p.id))),
+            names(drifted.iter().map(|p| pod_name(p))),
             since.map(|t| t.0.to_string()).unwrap_or_default()
         );
         self.condition(condition::DRIFTED, "True", "TopologyChanged", msg)
@@ -275,7 +275,7 @@ impl<'a> Ctx<'a> {
         &self,
         stale: bool,
         requeue: &mut Option<Duration>,
-    ) -> Vec<(&'a GpuPod, &'a str)> {
+    ) -> Vec<(&'a SlimPod, &'a str)> {
         if stale || self.g.spec.mode != Mode::Mock {
             return Vec::new();
         }
@@ -288,13 +288,13 @@ impl<'a> Ctx<'a> {
         let grace = signed(self.input.settings.injection_grace);
         let mut out = Vec::new();
         for pod in self.input.pods.iter().copied() {
-            if pod.id.deleting {
+            if pod.deleting() {
                 continue;
             }
             for (container, since) in gpu_containers(pod, &self.input.settings.gpu_resource) {
                 if pinning
                     .iter()
-                    .any(|p| p.pod_uid == pod.id.uid() && p.container == container)
+                    .any(|p| p.pod_uid == pod.uid() && p.container == container)
                 {
                     continue;
                 }
@@ -308,7 +308,7 @@ impl<'a> Ctx<'a> {
         out
     }
 
-    fn missing_condition(&self, missing: &[(&GpuPod, &str)], stale: bool) -> Condition {
+    fn missing_condition(&self, missing: &[(&SlimPod, &str)], stale: bool) -> Condition {
         if self.g.spec.mode != Mode::Mock {
             return self.condition(
                 condition::INJECTION_MISSING,
@@ -327,11 +327,7 @@ impl<'a> Ctx<'a> {
         }
         let msg = format!(
             "running GPU container(s) without mockgpu's files: {}",
-            names(
-                missing
-                    .iter()
-                    .map(|(p, c)| format!("{}/{c}", pod_name(&p.id)))
-            )
+            names(missing.iter().map(|(p, c)| format!("{}/{c}", pod_name(p))))
         );
         self.condition(condition::INJECTION_MISSING, "True", "NotInjected", msg)
     }
@@ -352,7 +348,7 @@ fn requeue_at(requeue: &mut Option<Duration>, now: Timestamp, at: Timestamp) {
 
 /// The pod's running containers that request `resource`, with their start times.
 fn gpu_containers<'p>(
-    pod: &'p GpuPod,
+    pod: &'p SlimPod,
     resource: &str,
 ) -> impl Iterator<Item = (&'p str, Timestamp)> {
     pod.containers
@@ -373,18 +369,18 @@ fn asks_for(c: &SlimContainer, resource: &str) -> bool {
 
 /// The name a slurmd pod on `node` registered under in Slurm: slurmd's default, the host name
 /// (the Kubernetes node's on the host network, otherwise the pod's `hostname` or name).
-pub fn slurm_node_name(pod: &SlurmdPod, node: &str) -> String {
+pub fn slurm_node_name(pod: &SlimPod, node: &str) -> String {
     if pod.host_network {
         return node.to_string();
     }
-    pod.hostname.as_deref().unwrap_or(pod.id.name()).to_string()
+    pod.hostname.as_deref().unwrap_or(pod.name()).to_string()
 }
 
-fn pod_name(pod: &PodRef) -> String {
+fn pod_name(pod: &SlimPod) -> String {
     format!("{}/{}", pod.namespace(), pod.name())
 }
 
-fn pod_action(pod: &PodRef, why: &'static str) -> PodAction {
+fn pod_action(pod: &SlimPod, why: &'static str) -> PodAction {
     PodAction {
         namespace: pod.namespace().into(),
         name: pod.name().into(),
@@ -532,8 +528,8 @@ mod tests {
 
     /// The plan of `c`, its objects as the caches keep them.
     fn run(c: &Case<'_>) -> Plan {
-        let slurmd: Vec<SlurmdPod> = c.slurmd.iter().map(|p| (&slim_pod(p)).into()).collect();
-        let pods: Vec<GpuPod> = c.pods.iter().map(|p| (&slim_pod(p)).into()).collect();
+        let slurmd: Vec<SlimPod> = c.slurmd.iter().map(|p| slim_pod(p)).collect();
+        let pods: Vec<SlimPod> = c.pods.iter().map(|p| slim_pod(p)).collect();
         plan(&Input {
             gpunode: c.gpunode.map(slim).as_ref(),
             node: c.node.map(|n| NodeLabels::of(&n.metadata)).as_ref(),

@@ -32,7 +32,7 @@ use crate::labels;
 use crate::labels::{NodeLabels, NodeMeta};
 use crate::metrics::{ActionLabels, Metrics};
 use crate::plan::{self, Input, Plan, Settings, requests_resource};
-use crate::slim::{GpuPod, PodCache, SlimGpuNode, SlimPod, SlurmdPod};
+use crate::slim::{PodsByNode, SlimGpuNode, SlimPod};
 use crate::slurm::{NodeDeleted, SlurmNodes};
 
 /// A failed reconcile (retried after [`RETRY`]).
@@ -86,8 +86,8 @@ pub struct Context<S> {
     recorder: Recorder,
     metrics: Metrics,
     nodes: Store<NodeMeta>,
-    slurmd: PodCache<SlurmdPod>,
-    pods: PodCache<GpuPod>,
+    slurmd: PodsByNode,
+    pods: PodsByNode,
     /// The three caches above have had their first list.
     synced: Synced,
 }
@@ -150,6 +150,20 @@ where
         }
     });
     (events, Synced::new(async move { rx.await.is_ok() }))
+}
+
+/// A cache of the pods of watch `events` (kube-runtime's store, indexed by node), the events
+/// passed through after it (see [`first_list`]), and its first list.
+fn pod_cache<S>(events: S) -> (impl Stream<Item = S::Item> + Send, PodsByNode, Synced)
+where
+    S: Stream<Item = Result<watcher::Event<SlimPod>, watcher::Error>> + Send,
+{
+    let (store, writer) = reflector::store();
+    let cache = PodsByNode::new(store);
+    let index = cache.clone();
+    let events = reflector::reflector(writer, events).inspect_ok(move |e| index.apply(e));
+    let (events, listed) = first_list(events);
+    (events, cache, listed)
 }
 
 /// `stream`, started once `synced` resolves.
@@ -238,18 +252,13 @@ pub async fn controllers<S: SlurmNodes + 'static>(
             }
         }
     };
-    let slurmd_cache = PodCache::default();
-    let cache = slurmd_cache.clone();
-    let (slurmd_events, slurmd_listed) = first_list(
-        watcher(pods.clone(), cfg().labels(slurmd_selector)).inspect_ok(move |e| cache.apply(e)),
-    );
+    let (slurmd_events, slurmd_cache, slurmd_listed) =
+        pod_cache(watcher(pods.clone(), cfg().labels(slurmd_selector)));
     let resource = settings.gpu_resource.clone();
-    let pod_cache = PodCache::default();
-    let (cache, keep) = (pod_cache.clone(), resource.clone());
-    let gpu_pods = watcher(pods, cfg())
-        .try_filter(move |e| futures::future::ready(gpu_pod_event(e, &keep)))
-        .inspect_ok(move |e| cache.apply(e));
-    let (pod_events, pods_listed) = first_list(gpu_pods);
+    let keep = resource.clone();
+    let (pod_events, gpu_pod_cache, pods_listed) = pod_cache(
+        watcher(pods, cfg()).try_filter(move |e| futures::future::ready(gpu_pod_event(e, &keep))),
+    );
     let synced = Synced::all(vec![nodes_listed, slurmd_listed, pods_listed]);
     let (gone, to_sweep) = (metrics.clone(), sweep_tx.clone());
     let gpunode_events = gpunode_events.inspect_ok(move |e| {
@@ -271,7 +280,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
         synced,
         nodes: node_store,
         slurmd: slurmd_cache,
-        pods: pod_cache,
+        pods: gpu_pod_cache,
     });
     let main = Controller::for_stream(
         gpunode_events.default_backoff().applied_objects(),
@@ -368,17 +377,14 @@ async fn reconcile_gpunode<S: SlurmNodes>(
         .nodes
         .get(&ObjectRef::new(&name))
         .map(|n| NodeLabels::of(&n.metadata));
-    let p = ctx.slurmd.on_node(&name, |slurmd| {
-        ctx.pods.on_node(&name, |pods| {
-            plan::plan(&Input {
-                gpunode: Some(&g),
-                node: node.as_ref(),
-                slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
-                pods: &pods.iter().collect::<Vec<_>>(),
-                now: Timestamp::now(),
-                settings: &ctx.settings,
-            })
-        })
+    let (slurmd, pods) = (ctx.slurmd.on_node(&name), ctx.pods.on_node(&name));
+    let p = plan::plan(&Input {
+        gpunode: Some(&g),
+        node: node.as_ref(),
+        slurmd_pods: &slurmd.iter().map(|p| &**p).collect::<Vec<_>>(),
+        pods: &pods.iter().map(|p| &**p).collect::<Vec<_>>(),
+        now: Timestamp::now(),
+        settings: &ctx.settings,
     });
     let gone = g.metadata.deletion_timestamp.is_some();
     let held = g.status.as_ref().map_or(0, |s| s.held_gpus);

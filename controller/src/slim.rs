@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use mockgpu_api::gpunode::condition;
 use mockgpu_api::{GpuNode, Mode};
@@ -129,50 +130,10 @@ pub const OUR_CONDITIONS: [&str; 3] = [
     condition::INJECTION_MISSING,
 ];
 
-/// A cache's contents, filled from a watch's events as kube-runtime's reflector fills a store: a
-/// list is gathered aside and replaces the contents at its end.
-#[derive(Debug, Default)]
-struct Listed<M> {
-    current: M,
-    /// A list in progress.
-    listing: Option<M>,
-}
-
-/// How a cache's contents take in a watched object and let go of one.
-trait Contents<K>: Default {
-    fn insert(&mut self, o: &K);
-    fn remove(&mut self, o: &K);
-}
-
-impl<M> Listed<M> {
-    fn apply<K>(&mut self, e: &watcher::Event<K>)
-    where
-        M: Contents<K>,
-    {
-        match e {
-            watcher::Event::Apply(o) => self.current.insert(o),
-            watcher::Event::Delete(o) => self.current.remove(o),
-            watcher::Event::Init => self.listing = Some(M::default()),
-            watcher::Event::InitApply(o) => self.listing.get_or_insert_default().insert(o),
-            watcher::Event::InitDone => self.current = self.listing.take().unwrap_or_default(),
-        }
-    }
-}
-
-/// Applies `e` to the contents behind `lock` (a poisoned lock's contents are still whole: every
-/// change is one map operation).
-fn apply_locked<M: Contents<K>, K>(lock: &RwLock<Listed<M>>, e: &watcher::Event<K>) {
-    lock.write().unwrap_or_else(|p| p.into_inner()).apply(e);
-}
-
-fn read<M>(lock: &RwLock<Listed<M>>) -> std::sync::RwLockReadGuard<'_, Listed<M>> {
-    lock.read().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A pod as the controller watches it: its metadata for the watch (name, namespace, UID,
-/// resource version, deletion time), the node it is bound to, and what either pod cache keeps
-/// ([`SlurmdPod`], [`GpuPod`]). The rest (the managed fields, most of the spec and status) is
-/// skipped while decoding.
+/// A pod as the controller watches it: its metadata (name, namespace, UID, resource version,
+/// deletion time), the node it is bound to, and what `Drifted`, the Slurm node's name and
+/// `InjectionMissing` read. The rest (the managed fields, most of the spec and status) is skipped
+/// while decoding. Boxed strings and slices here and below: no spare capacity in thousands.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(from = "RawPod")]
 pub struct SlimPod {
@@ -180,8 +141,6 @@ pub struct SlimPod {
     pub metadata: ObjectMeta,
     /// `spec.nodeName` (`None`: not scheduled yet).
     pub node: Option<String>,
-    /// Who it is, and whether it is being deleted.
-    pub id: PodRef,
     /// On the host network.
     pub host_network: bool,
     /// `spec.hostname`.
@@ -192,42 +151,25 @@ pub struct SlimPod {
     pub containers: Box<[SlimContainer]>,
 }
 
-/// Who a cached pod is (for deleting it and Events about it), and whether it is being deleted.
-/// Boxed strings and slices here and below: no spare capacity in thousands of them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodRef {
-    /// `namespace/name/uid`, in one allocation (none of them holds a `/`).
-    key: Box<str>,
-    /// Being deleted (it has a deletion time).
-    pub deleting: bool,
-}
-
-impl PodRef {
-    /// Pod `namespace/name` of `uid`.
-    pub fn new(namespace: &str, name: &str, uid: &str, deleting: bool) -> Self {
-        Self {
-            key: format!("{namespace}/{name}/{uid}").into(),
-            deleting,
-        }
-    }
-
-    fn part(&self, i: usize) -> &str {
-        self.key.splitn(3, '/').nth(i).unwrap_or_default()
-    }
-
+impl SlimPod {
     /// Namespace.
     pub fn namespace(&self) -> &str {
-        self.part(0)
+        self.metadata.namespace.as_deref().unwrap_or_default()
     }
 
     /// Name.
     pub fn name(&self) -> &str {
-        self.part(1)
+        self.metadata.name.as_deref().unwrap_or_default()
     }
 
     /// UID.
     pub fn uid(&self) -> &str {
-        self.part(2)
+        self.metadata.uid.as_deref().unwrap_or_default()
+    }
+
+    /// Being deleted (it has a deletion time).
+    pub fn deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
     }
 }
 
@@ -243,130 +185,75 @@ pub struct SlimContainer {
     pub running_since: Option<Timestamp>,
 }
 
-/// A slurmd pod as its cache keeps it: what `Drifted` and the Slurm node's name read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SlurmdPod {
-    /// Who it is.
-    pub id: PodRef,
-    /// On the host network.
-    pub host_network: bool,
-    /// `spec.hostname`.
-    pub hostname: Option<Box<str>>,
-    /// When its containers started.
-    pub started: Option<Timestamp>,
+/// The pods of one watch, by the node they are bound to: kube-runtime's store, and an index of
+/// its keys by node kept from the same watch events (applied after the store). A pod is indexed
+/// once it is bound (an unscheduled one is of no node's concern) and under that node for good:
+/// the API server never changes a bound pod's `spec.nodeName`. Keys the store no longer holds
+/// are skipped on lookup; the index is rebuilt from the store at the end of every list. Clones
+/// share it.
+#[derive(Clone)]
+pub struct PodsByNode {
+    store: Store<SlimPod>,
+    index: Arc<RwLock<HashMap<String, Vec<ObjectRef<SlimPod>>>>>,
 }
 
-/// A pod asking for GPUs as its cache keeps it: what `InjectionMissing` reads.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GpuPod {
-    /// Who it is.
-    pub id: PodRef,
-    /// Its containers that ask for extended resources.
-    pub containers: Box<[SlimContainer]>,
-}
-
-impl From<&SlimPod> for SlurmdPod {
-    fn from(p: &SlimPod) -> Self {
+impl PodsByNode {
+    /// An index of the pods in `store`.
+    pub fn new(store: Store<SlimPod>) -> Self {
         Self {
-            id: p.id.clone(),
-            host_network: p.host_network,
-            hostname: p.hostname.clone(),
-            started: p.started,
-        }
-    }
-}
-
-impl From<&SlimPod> for GpuPod {
-    fn from(p: &SlimPod) -> Self {
-        Self {
-            id: p.id.clone(),
-            containers: p.containers.clone(),
-        }
-    }
-}
-
-/// What a pod cache keeps of each pod.
-pub trait KeptPod: for<'a> From<&'a SlimPod> {
-    /// Who it is.
-    fn id(&self) -> &PodRef;
-}
-
-impl KeptPod for SlurmdPod {
-    fn id(&self) -> &PodRef {
-        &self.id
-    }
-}
-
-impl KeptPod for GpuPod {
-    fn id(&self) -> &PodRef {
-        &self.id
-    }
-}
-
-/// A pod cache: the pods of one watch as `T`, by the node they are bound to. A pod is cached once
-/// it is bound (an unscheduled one is of no node's concern) and under that node for good: the API
-/// server never changes a bound pod's `spec.nodeName`. Clones share it.
-#[derive(Debug)]
-pub struct PodCache<T>(Arc<RwLock<Listed<PodsByNode<T>>>>);
-
-impl<T> Clone for PodCache<T> {
-    fn clone(&self) -> Self {
-        Self(self.0.clone())
-    }
-}
-
-impl<T> Default for PodCache<T> {
-    fn default() -> Self {
-        Self(Arc::default())
-    }
-}
-
-/// The pods on each node, in place (no `Arc`, and its allocation, for each).
-#[derive(Debug)]
-struct PodsByNode<T>(HashMap<String, Vec<T>>);
-
-impl<T> Default for PodsByNode<T> {
-    fn default() -> Self {
-        Self(HashMap::new())
-    }
-}
-
-impl<T: KeptPod> Contents<SlimPod> for PodsByNode<T> {
-    fn insert(&mut self, p: &SlimPod) {
-        let Some(node) = &p.node else { return };
-        let Some(pods) = self.0.get_mut(node) else {
-            self.0.insert(node.clone(), vec![T::from(p)]);
-            return;
-        };
-        match pods.iter_mut().find(|q| q.id().uid() == p.id.uid()) {
-            Some(q) => *q = T::from(p),
-            None => {
-                pods.reserve_exact(1);
-                pods.push(T::from(p));
-            }
+            store,
+            index: Arc::default(),
         }
     }
 
-    fn remove(&mut self, p: &SlimPod) {
-        let Some(node) = &p.node else { return };
-        if let Some(pods) = self.0.get_mut(node) {
-            pods.retain(|q| q.id().uid() != p.id.uid());
-            if pods.is_empty() {
-                self.0.remove(node);
-            }
-        }
-    }
-}
-
-impl<T: KeptPod> PodCache<T> {
-    /// Applies a watch event of the pods.
+    /// Takes in a watch event, once the store has.
     pub fn apply(&self, e: &watcher::Event<SlimPod>) {
-        apply_locked(&self.0, e);
+        // a poisoned lock's index is still whole: every change is one map operation
+        let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
+        match e {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => insert(&mut index, p),
+            watcher::Event::Delete(p) => {
+                let Some(node) = &p.node else { return };
+                if let Some(keys) = index.get_mut(node) {
+                    keys.retain(|k| *k != key(p));
+                    if keys.is_empty() {
+                        index.remove(node);
+                    }
+                }
+            }
+            watcher::Event::Init => {}
+            watcher::Event::InitDone => {
+                index.clear();
+                for p in self.store.state() {
+                    insert(&mut index, &p);
+                }
+            }
+        }
     }
 
-    /// `f` of the cached pods bound to `node` (the cache is locked for reading meanwhile).
-    pub fn on_node<R>(&self, node: &str, f: impl FnOnce(&[T]) -> R) -> R {
-        f(read(&self.0).current.0.get(node).map_or(&[], Vec::as_slice))
+    /// The cached pods bound to `node`.
+    pub fn on_node(&self, node: &str) -> Vec<Arc<SlimPod>> {
+        let index = self.index.read().unwrap_or_else(|p| p.into_inner());
+        index
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.store.get(k))
+            .collect()
+    }
+}
+
+/// The store's key of `p`.
+fn key(p: &SlimPod) -> ObjectRef<SlimPod> {
+    ObjectRef::new(p.name()).within(p.namespace())
+}
+
+fn insert(index: &mut HashMap<String, Vec<ObjectRef<SlimPod>>>, p: &SlimPod) {
+    let Some(node) = &p.node else { return };
+    let keys = index.entry(node.clone()).or_default();
+    let k = key(p);
+    if !keys.contains(&k) {
+        keys.push(k);
     }
 }
 
@@ -545,12 +432,6 @@ impl From<RawPod> for SlimPod {
             .collect::<Vec<_>>()
             .into();
         SlimPod {
-            id: PodRef::new(
-                m.namespace.as_deref().unwrap_or_default(),
-                m.name.as_deref().unwrap_or_default(),
-                m.uid.as_deref().unwrap_or_default(),
-                m.deletion_timestamp.is_some(),
-            ),
             metadata: m,
             node: spec.node_name,
             host_network: spec.host_network.unwrap_or(false),
@@ -850,33 +731,33 @@ pub(crate) mod tests {
             )
         );
         assert_eq!((&m.labels, &m.managed_fields), (&None, &None));
-        let id = PodRef::new("slurm", "slurm-worker-gpu-0", "pu-1", false);
         assert_eq!(
-            (id.namespace(), id.name(), id.uid()),
+            (p.namespace(), p.name(), p.uid()),
             ("slurm", "slurm-worker-gpu-0", "pu-1")
         );
         assert_eq!(
-            SlurmdPod::from(&p),
-            SlurmdPod {
-                id: id.clone(),
-                host_network: false,
-                hostname: Some("gpu-0".into()),
+            (
+                p.deleting(),
+                p.host_network,
+                p.hostname.as_deref(),
+                p.started
+            ),
+            (
+                false,
+                false,
+                Some("gpu-0"),
                 // the sidecar's start: the earliest running container's
-                started: Some(at("2026-01-01T00:00:06Z")),
-            }
+                Some(at("2026-01-01T00:00:06Z"))
+            )
         );
         assert_eq!(
-            GpuPod::from(&p),
-            GpuPod {
-                id,
-                // not the init container, nor the sidecar; no CPUs, no memory, no zero amounts
-                containers: [SlimContainer {
-                    name: "slurmd".into(),
-                    resources: ["example.com/fpga".into(), "nvidia.com/gpu".into()].into(),
-                    running_since: Some(at("2026-01-01T00:00:08Z")),
-                }]
-                .into(),
-            }
+            *p.containers,
+            // not the init container, nor the sidecar; no CPUs, no memory, no zero amounts
+            [SlimContainer {
+                name: "slurmd".into(),
+                resources: ["example.com/fpga".into(), "nvidia.com/gpu".into()].into(),
+                running_since: Some(at("2026-01-01T00:00:08Z")),
+            }]
         );
     }
 
@@ -892,7 +773,7 @@ pub(crate) mod tests {
         let p: SlimPod = serde_json::from_value(j).unwrap();
         assert_eq!(p.started, Some(at("2026-01-01T00:00:01Z")));
         assert_eq!(p.containers[0].running_since, None);
-        assert!(p.id.deleting && p.host_network);
+        assert!(p.deleting() && p.host_network);
         let bare: SlimPod =
             serde_json::from_value(json!({"metadata": {"name": "b", "namespace": "n"}})).unwrap();
         assert_eq!((bare.node, bare.started), (None, None));
@@ -916,14 +797,19 @@ pub(crate) mod tests {
     #[test]
     fn the_pod_cache_follows_the_watch() {
         use watcher::Event::*;
-        let cache = PodCache::<SlurmdPod>::default();
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let index = PodsByNode::new(store);
+        let mut apply = |e: &watcher::Event<SlimPod>| {
+            writer.apply_watcher_event(e);
+            index.apply(e);
+        };
         // (uid, hostname) of the pods on `node`
         let on = |node: &str| -> Vec<(Box<str>, Option<Box<str>>)> {
-            let mut v: Vec<_> = cache.on_node(node, |pods| {
-                pods.iter()
-                    .map(|p| (p.id.uid().into(), p.hostname.clone()))
-                    .collect()
-            });
+            let mut v: Vec<_> = index
+                .on_node(node)
+                .iter()
+                .map(|p| (p.uid().into(), p.hostname.clone()))
+                .collect();
             v.sort();
             v
         };
@@ -940,29 +826,29 @@ pub(crate) mod tests {
             InitApply(pod_on("p", None, "h")),
             InitDone,
         ] {
-            cache.apply(&e);
+            apply(&e);
         }
         assert_eq!(on("n1"), ids(&[("a", "h"), ("b", "h")]));
         assert_eq!(on("n2"), ids(&[("c", "h")]));
         // the unscheduled pod is bound: found on its node from then on
-        cache.apply(&Apply(pod_on("p", Some("n2"), "h")));
+        apply(&Apply(pod_on("p", Some("n2"), "h")));
         assert_eq!(on("n2"), ids(&[("c", "h"), ("p", "h")]));
         // an update replaces the pod's entry
-        cache.apply(&Apply(pod_on("a", Some("n1"), "h2")));
+        apply(&Apply(pod_on("a", Some("n1"), "h2")));
         assert_eq!(on("n1"), ids(&[("a", "h2"), ("b", "h")]));
-        cache.apply(&Delete(pod_on("b", Some("n1"), "h")));
-        cache.apply(&Delete(pod_on("c", Some("n2"), "h")));
+        apply(&Delete(pod_on("b", Some("n1"), "h")));
+        apply(&Delete(pod_on("c", Some("n2"), "h")));
         assert_eq!(on("n1"), ids(&[("a", "h2")]));
         assert_eq!(on("n2"), ids(&[("p", "h")]));
         // deleting an unscheduled or unknown pod changes nothing
-        cache.apply(&Delete(pod_on("q", None, "h")));
-        cache.apply(&Delete(pod_on("r", Some("n1"), "h")));
+        apply(&Delete(pod_on("q", None, "h")));
+        apply(&Delete(pod_on("r", Some("n1"), "h")));
         assert_eq!(on("n1"), ids(&[("a", "h2")]));
         // a relist: the old entries stay until it is done, then only the listed ones are left
-        cache.apply(&Init);
-        cache.apply(&InitApply(pod_on("d", Some("n1"), "h")));
+        apply(&Init);
+        apply(&InitApply(pod_on("d", Some("n1"), "h")));
         assert_eq!(on("n1"), ids(&[("a", "h2")]));
-        cache.apply(&InitDone);
+        apply(&InitDone);
         assert_eq!(on("n1"), ids(&[("d", "h")]));
         assert_eq!(on("n2"), []);
     }

@@ -106,8 +106,8 @@ fn context(client: Client, slurm: Option<Arc<FakeSlurm>>) -> Context<FakeSlurm> 
         slurm,
         metrics: Metrics::default(),
         nodes: reflector::store().0,
-        slurmd: PodCache::default(),
-        pods: PodCache::default(),
+        slurmd: PodsByNode::new(reflector::store().0),
+        pods: PodsByNode::new(reflector::store().0),
         synced: Synced::new(async { true }),
     }
 }
