@@ -94,16 +94,22 @@ pub struct Context<S> {
 
 /// Resolves once some caches have had their first list, for any number of waiters.
 ///
-/// `Store::wait_until_ready` wakes only the last of several concurrent waiters (a oneshot
-/// underneath), and kube-runtime's `Controller` waits on its own store that way: so the caches'
-/// first lists are signalled by their event streams instead ([`first_list`]), one shared wait
-/// per cache, which wakes every waiter.
+/// `Store::wait_until_ready` wakes only the last of several concurrent waiters (kube-runtime
+/// 5.0: a oneshot receiver underneath, which keeps one waker): so each store is waited on once,
+/// and that wait shared ([`Synced::of`]). kube-runtime's `Controller` waits on its own store
+/// itself, so the GpuNodes' first list is told by their event stream instead ([`first_list`]).
 #[derive(Clone)]
 struct Synced(Shared<BoxFuture<'static, bool>>);
 
 impl Synced {
     fn new(all: impl Future<Output = bool> + Send + 'static) -> Self {
         Self(all.boxed().shared())
+    }
+
+    /// Resolves once `store` has had its first list (false if its writer is dropped before);
+    /// the store must have no other waiter.
+    fn of<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static>(store: Store<K>) -> Self {
+        Self::new(async move { store.wait_until_ready().await.is_ok() })
     }
 
     /// Resolves once every one of `parts` has.
@@ -153,16 +159,16 @@ where
 }
 
 /// A cache of the pods of watch `events` (kube-runtime's store, indexed by node), the events
-/// passed through after it (see [`first_list`]), and its first list.
+/// passed through after it, and its first list.
 fn pod_cache<S>(events: S) -> (impl Stream<Item = S::Item> + Send, PodsByNode, Synced)
 where
     S: Stream<Item = Result<watcher::Event<SlimPod>, watcher::Error>> + Send,
 {
     let (store, writer) = reflector::store();
+    let listed = Synced::of(store.clone());
     let cache = PodsByNode::new(store);
     let index = cache.clone();
     let events = reflector::reflector(writer, events).inspect_ok(move |e| index.apply(e));
-    let (events, listed) = first_list(events);
     (events, cache, listed)
 }
 
@@ -218,10 +224,11 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     // each cache is written before its event triggers a reconcile, so a reconcile sees at least
     // what triggered it
     let (node_store, w) = reflector::store();
-    let (node_events, nodes_listed) = first_list(reflector::reflector(
+    let nodes_listed = Synced::of(node_store.clone());
+    let node_events = reflector::reflector(
         w,
         watcher(nodes, cfg()).modify(|n| labels::trim(&mut n.metadata)),
-    ));
+    );
     let (to_sweep, gpunodes, listed) = (
         sweep_tx.clone(),
         gpunode_store.clone(),
@@ -687,12 +694,20 @@ mod tests {
 
     type Events = mpsc::UnboundedSender<Result<watcher::Event<ConfigMap>, watcher::Error>>;
 
-    /// A reflector over events sent by hand, drained by a task, and its first-list signal.
-    fn cache() -> (Events, Store<ConfigMap>, Synced) {
+    /// A reflector over events sent by hand, drained by a task, and its first-list signal: from
+    /// the store ([`Synced::of`]), or from the events ([`first_list`]).
+    fn cache(of_store: bool) -> (Events, Store<ConfigMap>, Synced) {
         let (tx, rx) = mpsc::unbounded();
         let (store, writer) = reflector::store::<ConfigMap>();
-        let (events, synced) = first_list(reflector::reflector(writer, rx));
-        tokio::spawn(events.for_each(|_| async {}));
+        let events = reflector::reflector(writer, rx);
+        let synced = if of_store {
+            tokio::spawn(events.for_each(|_| async {}));
+            Synced::of(store.clone())
+        } else {
+            let (events, synced) = first_list(events);
+            tokio::spawn(events.for_each(|_| async {}));
+            synced
+        };
         (tx, store, synced)
     }
 
@@ -700,7 +715,12 @@ mod tests {
     /// in the store (a bare `wait_until_ready` wakes only one of them).
     #[tokio::test]
     async fn every_waiter_wakes_on_the_first_list() {
-        let (events, store, synced) = cache();
+        for of_store in [true, false] {
+            every_waiter_wakes(cache(of_store)).await;
+        }
+    }
+
+    async fn every_waiter_wakes((events, store, synced): (Events, Store<ConfigMap>, Synced)) {
         let waiters: Vec<_> = (0..4)
             .map(|_| {
                 let (s, store) = (synced.clone(), store.clone());
@@ -738,8 +758,14 @@ mod tests {
     /// does a wait on several caches of which one fails.
     #[tokio::test]
     async fn a_dropped_cache_fails_the_wait() {
-        let (events, _, synced) = cache();
-        let (other, _, listed) = cache();
+        for of_store in [true, false] {
+            a_dropped_cache_fails(of_store).await;
+        }
+    }
+
+    async fn a_dropped_cache_fails(of_store: bool) {
+        let (events, _, synced) = cache(of_store);
+        let (other, _, listed) = cache(of_store);
         other.unbounded_send(Ok(watcher::Event::Init)).unwrap();
         other.unbounded_send(Ok(watcher::Event::InitDone)).unwrap();
         let both = Synced::all(vec![listed, synced.clone()]);
