@@ -12,6 +12,7 @@ use mockgpu_api::GpuNode;
 use tracing::info;
 
 use crate::labels::{self, NodeLabels};
+use crate::plan::labels_to_apply;
 
 /// What a cleanup did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -39,7 +40,7 @@ pub async fn cleanup(client: Client) -> Result<Cleaned, kube::Error> {
     // metadata only
     let nodes: Api<Node> = Api::all(client);
     for node in nodes.list_metadata(&ListParams::default()).await? {
-        if labels::to_apply(None, &NodeLabels::of(&node.metadata)).is_none() {
+        if labels_to_apply(None, &NodeLabels::of(&node.metadata)).is_none() {
             continue;
         }
         let name = node.name_any();

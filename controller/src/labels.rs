@@ -1,15 +1,13 @@
-//! The node labels that follow a GpuNode, and who owns them (server-side apply's managed fields).
+//! The node labels we set, as a Node's metadata tells them and who owns them (server-side
+//! apply's managed fields), and their apply. What to apply is `plan`'s decision.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
 use kube::core::PartialObjectMeta;
-use mockgpu_api::Mode;
 use mockgpu_api::gpunode::CONTROLLER_MANAGER;
 use serde_json::{Map, Value};
-
-use crate::slim::SlimGpuNode;
 
 /// A Node as the controller watches it: its metadata only (`PartialObjectMetadata`), [`trim`]med
 /// to what [`NodeLabels::of`] reads.
@@ -104,7 +102,7 @@ impl NodeLabels {
     }
 
     /// Whether our field manager owns exactly the label keys `keys`.
-    fn ours_are<'a>(&self, keys: impl Iterator<Item = &'a String>) -> bool {
+    pub fn ours_are<'a>(&self, keys: impl Iterator<Item = &'a String>) -> bool {
         self.ours.iter().eq(keys)
     }
 }
@@ -156,40 +154,6 @@ pub fn trim(m: &mut ObjectMeta) {
     };
 }
 
-/// The labels a node with GpuNode `g` should carry from us. A real-mode node gets only the
-/// profile: the NVIDIA GPU stack labels real GPUs itself.
-pub fn wanted(g: &SlimGpuNode, node: &NodeLabels) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::from([(PROFILE.to_string(), label_value(&g.spec.profile))]);
-    if g.spec.mode == Mode::Real {
-        return out;
-    }
-    out.insert(GPU_COUNT.into(), g.spec.gpu_count.to_string());
-    if let Some(model) = &g.spec.model {
-        out.insert(GPU_PRESENT.into(), "true".into());
-        out.insert(GPU_PRODUCT.into(), label_value(model));
-        if !node.owned_by_another(PCI_NVIDIA) {
-            out.insert(PCI_NVIDIA.into(), "true".into());
-        }
-    }
-    out
-}
-
-/// What to apply to a node: `None` leaves it alone (our labels are in place with exactly the
-/// wanted values and keys, or there is no GpuNode and no label of ours), `Some(set)` applies
-/// `set` (empty: removes ours) with our field manager.
-pub fn to_apply(
-    wanted: Option<BTreeMap<String, String>>,
-    node: &NodeLabels,
-) -> Option<BTreeMap<String, String>> {
-    let want = match wanted {
-        Some(w) => w,
-        None if node.ours().next().is_none() => return None,
-        None => BTreeMap::new(),
-    };
-    let in_place = want.iter().all(|(k, v)| node.has(k, v));
-    (!(in_place && node.ours_are(want.keys()))).then_some(want)
-}
-
 /// Applies `labels` to node `name` with our field manager (server-side apply, forced): the set
 /// replaces what we owned, so an empty set removes our labels and nothing else. The answer comes
 /// back as metadata only.
@@ -208,25 +172,6 @@ pub async fn apply(
         .patch_metadata(name, &params, &kube::api::Patch::Apply(&patch))
         .await?;
     Ok(())
-}
-
-/// A label value from free text: characters other than letters, digits, `-`, `_`, `.` become
-/// `-`, at most 63 characters, starting and ending with a letter or digit.
-pub fn label_value(text: &str) -> String {
-    let mapped: String = text
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(63)
-        .collect();
-    mapped
-        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
-        .to_string()
 }
 
 #[cfg(test)]
@@ -372,17 +317,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn label_values_are_valid() {
-        assert_eq!(label_value("NVIDIA GB300"), "NVIDIA-GB300");
-        assert_eq!(
-            label_value("NVIDIA H100 80GB HBM3"),
-            "NVIDIA-H100-80GB-HBM3"
-        );
-        assert_eq!(label_value(" (odd) "), "odd");
-        assert_eq!(label_value(&"x".repeat(80)).len(), 63);
-    }
-
-    #[test]
     fn only_our_apply_entries_count_as_ours() {
         let mut n = NodeLabels::default();
         n.observe_owner(Some(CONTROLLER_MANAGER), Some("Apply"), PROFILE);
@@ -397,96 +331,5 @@ pub(crate) mod tests {
         n.observe_label("kubernetes.io/hostname", "node-a");
         assert!(n.has(PROFILE, "gb300") && !n.has(PROFILE, "gb200"));
         assert!(!n.is_set("kubernetes.io/hostname") && !n.is_set(GPU_COUNT));
-    }
-
-    /// A node carrying `labels` (key, value), of which we own `ours` through apply.
-    fn node(labels: &[(&str, &str)], ours: &[&str]) -> NodeLabels {
-        let mut n = NodeLabels::default();
-        for (k, v) in labels {
-            n.observe_label(k, v);
-        }
-        for k in ours {
-            n.observe_owner(Some(CONTROLLER_MANAGER), Some("Apply"), k);
-        }
-        n
-    }
-
-    fn set(labels: &[(&str, &str)]) -> BTreeMap<String, String> {
-        labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    /// A case of [`to_apply`]: the labels wanted (`None`: no GpuNode), the node's labels and
-    /// those of them we own, and whether anything is applied.
-    struct Case<'a> {
-        what: &'a str,
-        wanted: Option<&'a [(&'a str, &'a str)]>,
-        labels: &'a [(&'a str, &'a str)],
-        ours: &'a [&'a str],
-        write: bool,
-    }
-
-    /// A node whose labels are already what we want is not written; anything else is.
-    #[test]
-    fn only_a_change_is_applied() {
-        let want = &[(PROFILE, "gb300"), (GPU_COUNT, "4")][..];
-        let both = &[PROFILE, GPU_COUNT][..];
-        let case = |what, wanted, labels, ours, write| Case {
-            what,
-            wanted,
-            labels,
-            ours,
-            write,
-        };
-        let cases = [
-            case("in place, owned", Some(want), want, both, false),
-            case(
-                "in place, not owned by us",
-                Some(want),
-                want,
-                &[PROFILE],
-                true,
-            ),
-            case(
-                "a value differs",
-                Some(want),
-                &[(PROFILE, "h100"), (GPU_COUNT, "4")],
-                both,
-                true,
-            ),
-            case(
-                "a label is missing",
-                Some(want),
-                &[(PROFILE, "gb300")],
-                both,
-                true,
-            ),
-            case(
-                "we own one more",
-                Some(want),
-                want,
-                &[PROFILE, GPU_COUNT, GPU_PRODUCT],
-                true,
-            ),
-            case(
-                "we own an old release's label",
-                Some(want),
-                want,
-                &[PROFILE, GPU_COUNT, "old.mockgpu.io/x"],
-                true,
-            ),
-            case("no GpuNode, ours present", None, want, both, true),
-            case("no GpuNode, nothing of ours", None, want, &[], false),
-            case("no GpuNode, already cleaned", None, &[], &[], false),
-        ];
-        for c in &cases {
-            let got = to_apply(c.wanted.map(set), &node(c.labels, c.ours));
-            assert_eq!(got.is_some(), c.write, "{}: {got:?}", c.what);
-            if let Some(got) = got {
-                assert_eq!(got, c.wanted.map(set).unwrap_or_default(), "{}", c.what);
-            }
-        }
     }
 }

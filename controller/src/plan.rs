@@ -9,7 +9,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use mockgpu_api::Mode;
 use mockgpu_api::gpunode::condition;
 
-use crate::labels::{self, NodeLabels};
+use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, NodeLabels, PCI_NVIDIA, PROFILE};
 use crate::slim::{SeenCondition, SlimContainer, SlimGpuNode, SlimPod};
 
 /// What the decision depends on besides the objects.
@@ -89,8 +89,8 @@ pub fn plan(input: &Input<'_>) -> Plan {
         .gpunode
         .filter(|g| g.metadata.deletion_timestamp.is_none());
     let labels = input.node.and_then(|node| {
-        let wanted = gpunode.map(|g| labels::wanted(g, node));
-        labels::to_apply(wanted, node)
+        let wanted = gpunode.map(|g| wanted_labels(g, node));
+        labels_to_apply(wanted, node)
     });
     let Some(g) = gpunode else {
         return Plan {
@@ -393,6 +393,59 @@ fn names(items: impl Iterator<Item = String>) -> String {
     items.collect::<Vec<_>>().join(", ")
 }
 
+/// The labels a node with GpuNode `g` should carry from us. A real-mode node gets only the
+/// profile: the NVIDIA GPU stack labels real GPUs itself.
+fn wanted_labels(g: &SlimGpuNode, node: &NodeLabels) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::from([(PROFILE.to_string(), label_value(&g.spec.profile))]);
+    if g.spec.mode == Mode::Real {
+        return out;
+    }
+    out.insert(GPU_COUNT.into(), g.spec.gpu_count.to_string());
+    if let Some(model) = &g.spec.model {
+        out.insert(GPU_PRESENT.into(), "true".into());
+        out.insert(GPU_PRODUCT.into(), label_value(model));
+        if !node.owned_by_another(PCI_NVIDIA) {
+            out.insert(PCI_NVIDIA.into(), "true".into());
+        }
+    }
+    out
+}
+
+/// What to apply to a node: `None` leaves it alone (our labels are in place with exactly the
+/// wanted values and keys, or there is no GpuNode and no label of ours), `Some(set)` applies
+/// `set` (empty: removes ours) with our field manager.
+pub fn labels_to_apply(
+    wanted: Option<BTreeMap<String, String>>,
+    node: &NodeLabels,
+) -> Option<BTreeMap<String, String>> {
+    let want = match wanted {
+        Some(w) => w,
+        None if node.ours().next().is_none() => return None,
+        None => BTreeMap::new(),
+    };
+    let in_place = want.iter().all(|(k, v)| node.has(k, v));
+    (!(in_place && node.ours_are(want.keys()))).then_some(want)
+}
+
+/// A label value from free text: characters other than letters, digits, `-`, `_`, `.` become
+/// `-`, at most 63 characters, starting and ending with a letter or digit.
+fn label_value(text: &str) -> String {
+    let mapped: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    mapped
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{
@@ -404,8 +457,8 @@ mod tests {
     use mockgpu_api::{GpuNode, GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning};
 
     use super::*;
+    use crate::labels::NodeMeta;
     use crate::labels::tests::node_json as node;
-    use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, NodeMeta, PCI_NVIDIA, PROFILE};
     // node(owners, labels): node-a, with managed-fields entries of (manager, operation, keys)
     use crate::slim::tests::{slim, slim_pod};
 
@@ -840,5 +893,109 @@ mod tests {
             Some([(PROFILE.to_string(), "real".to_string())].into())
         );
         assert_eq!(conds(&p)[2], c3("", "", "False:NotMocked")[2].clone());
+    }
+}
+
+/// The label decisions.
+#[cfg(test)]
+mod label_tests {
+    use mockgpu_api::gpunode::CONTROLLER_MANAGER;
+
+    use super::*;
+    use crate::labels::tests::node_json;
+
+    #[test]
+    fn label_values_are_valid() {
+        assert_eq!(label_value("NVIDIA GB300"), "NVIDIA-GB300");
+        assert_eq!(
+            label_value("NVIDIA H100 80GB HBM3"),
+            "NVIDIA-H100-80GB-HBM3"
+        );
+        assert_eq!(label_value(" (odd) "), "odd");
+        assert_eq!(label_value(&"x".repeat(80)).len(), 63);
+    }
+
+    /// A node carrying `labels` (key, value), of which we own `ours` through apply.
+    fn node(labels: &[(&str, &str)], ours: &[&str]) -> NodeLabels {
+        NodeLabels::of(&node_json(&[(CONTROLLER_MANAGER, "Apply", ours)], labels).metadata)
+    }
+
+    fn set(labels: &[(&str, &str)]) -> BTreeMap<String, String> {
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// A case of [`labels_to_apply`]: the labels wanted (`None`: no GpuNode), the node's labels and
+    /// those of them we own, and whether anything is applied.
+    struct Case<'a> {
+        what: &'a str,
+        wanted: Option<&'a [(&'a str, &'a str)]>,
+        labels: &'a [(&'a str, &'a str)],
+        ours: &'a [&'a str],
+        write: bool,
+    }
+
+    /// A node whose labels are already what we want is not written; anything else is.
+    #[test]
+    fn only_a_change_is_applied() {
+        let want = &[(PROFILE, "gb300"), (GPU_COUNT, "4")][..];
+        let both = &[PROFILE, GPU_COUNT][..];
+        let case = |what, wanted, labels, ours, write| Case {
+            what,
+            wanted,
+            labels,
+            ours,
+            write,
+        };
+        let cases = [
+            case("in place, owned", Some(want), want, both, false),
+            case(
+                "in place, not owned by us",
+                Some(want),
+                want,
+                &[PROFILE],
+                true,
+            ),
+            case(
+                "a value differs",
+                Some(want),
+                &[(PROFILE, "h100"), (GPU_COUNT, "4")],
+                both,
+                true,
+            ),
+            case(
+                "a label is missing",
+                Some(want),
+                &[(PROFILE, "gb300")],
+                both,
+                true,
+            ),
+            case(
+                "we own one more",
+                Some(want),
+                want,
+                &[PROFILE, GPU_COUNT, GPU_PRODUCT],
+                true,
+            ),
+            case(
+                "we own an old release's label",
+                Some(want),
+                want,
+                &[PROFILE, GPU_COUNT, "old.mockgpu.io/x"],
+                true,
+            ),
+            case("no GpuNode, ours present", None, want, both, true),
+            case("no GpuNode, nothing of ours", None, want, &[], false),
+            case("no GpuNode, already cleaned", None, &[], &[], false),
+        ];
+        for c in &cases {
+            let got = labels_to_apply(c.wanted.map(set), &node(c.labels, c.ours));
+            assert_eq!(got.is_some(), c.write, "{}: {got:?}", c.what);
+            if let Some(got) = got {
+                assert_eq!(got, c.wanted.map(set).unwrap_or_default(), "{}", c.what);
+            }
+        }
     }
 }
