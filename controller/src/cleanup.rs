@@ -11,8 +11,9 @@ use kube::{Client, ResourceExt};
 use mockgpu_api::GpuNode;
 use tracing::info;
 
-use crate::labels::{self, NodeLabels};
+use crate::labels::NodeLabels;
 use crate::plan::labels_to_apply;
+use crate::write::apply_node_labels;
 
 /// What a cleanup did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -44,7 +45,7 @@ pub async fn cleanup(client: Client) -> Result<Cleaned, kube::Error> {
             continue;
         }
         let name = node.name_any();
-        labels::apply(&nodes, &name, &BTreeMap::new()).await?;
+        apply_node_labels(&nodes, &name, &BTreeMap::new()).await?;
         info!(node = %name, "mockgpu labels removed");
         done.nodes += 1;
     }

@@ -1,5 +1,5 @@
 //! The node labels we set, as a Node's metadata tells them and who owns them (server-side
-//! apply's managed fields), and their apply. What to apply is `plan`'s decision.
+//! apply's managed fields). What to apply is `plan`'s decision, the apply `write`'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -152,26 +152,6 @@ pub fn trim(m: &mut ObjectMeta) {
         }),
         ..ObjectMeta::default()
     };
-}
-
-/// Applies `labels` to node `name` with our field manager (server-side apply, forced): the set
-/// replaces what we owned, so an empty set removes our labels and nothing else. The answer comes
-/// back as metadata only.
-pub async fn apply(
-    nodes: &kube::Api<Node>,
-    name: &str,
-    labels: &BTreeMap<String, String>,
-) -> Result<(), kube::Error> {
-    let patch = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
-    });
-    let params = kube::api::PatchParams::apply(CONTROLLER_MANAGER).force();
-    nodes
-        .patch_metadata(name, &params, &kube::api::Patch::Apply(&patch))
-        .await?;
-    Ok(())
 }
 
 #[cfg(test)]

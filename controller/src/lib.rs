@@ -14,3 +14,4 @@ pub mod run;
 pub mod slim;
 pub mod slurm;
 pub mod slurmrestd;
+pub mod write;

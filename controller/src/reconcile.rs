@@ -1,6 +1,6 @@
-//! The executor: two controllers that look up what [`plan`] needs in their caches, carry out its
-//! [`Plan`] against the API server (and Slurm), and record an Event per action. Nothing is written
-//! that is already in place: a (re)start on a cluster as the plan wants it writes nothing.
+//! The reconciles: two controllers that look up what [`plan`] needs in their caches and have
+//! [`write`](crate::write) carry out its [`Plan`](crate::plan::Plan). Nothing is written that is
+//! already in place: a (re)start on a cluster as the plan wants it writes nothing.
 //!
 //! - On GpuNodes (kube-runtime's `Controller`, also triggered by their Nodes, slurmd pods and GPU
 //!   pods): labels, conditions, remediation.
@@ -15,45 +15,28 @@ use std::time::{Duration, Instant};
 use futures::channel::{mpsc, oneshot};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{self, Action, Error as ControllerError};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use mockgpu_api::gpunode::{CONTROLLER_MANAGER, condition};
-use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::labels;
 use crate::labels::{NodeLabels, NodeMeta};
-use crate::metrics::{ActionLabels, Metrics};
-use crate::plan::{self, Input, Plan, Settings, requests_resource};
+use crate::metrics::Metrics;
+use crate::plan::{self, Input, Settings, requests_resource};
 use crate::slim::{PodsByNode, SlimGpuNode, SlimPod};
-use crate::slurm::{NodeDeleted, SlurmNodes};
+use crate::slurm::SlurmNodes;
+use crate::write::{WriteError, Writer};
 
 /// A failed reconcile (retried after [`RETRY`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    /// An API request failed.
-    #[error("{what}: {source}")]
-    Kube {
-        /// The request, in words.
-        what: String,
-        /// The error.
-        source: kube::Error,
-    },
-    /// Deleting a Slurm node record failed (its slurmd pods are left running).
-    #[error("deleting Slurm node {node}: {source}")]
-    Slurm {
-        /// The Slurm node.
-        node: String,
-        /// The error.
-        source: crate::slurm::SlurmError,
-    },
+    /// A write failed.
+    #[error(transparent)]
+    Write(#[from] WriteError),
     /// A cache's watcher went away (the controller is stopping).
     #[error("a watch cache was dropped")]
     CacheGone,
@@ -80,10 +63,8 @@ fn controller_config() -> controller::Config {
 
 /// What both controllers share.
 pub struct Context<S> {
-    client: Client,
+    writer: Writer<S>,
     settings: Settings,
-    slurm: Option<Arc<S>>,
-    recorder: Recorder,
     metrics: Metrics,
     nodes: Store<NodeMeta>,
     slurmd: PodsByNode,
@@ -181,11 +162,6 @@ fn after<S: Stream + Send + 'static>(synced: Synced, stream: S) -> impl Stream<I
     .flatten()
 }
 
-fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ReconcileError {
-    let what = what.into();
-    move |source| ReconcileError::Kube { what, source }
-}
-
 fn node_of(pod: SlimPod) -> Option<ObjectRef<SlimGpuNode>> {
     pod.node.map(|n| ObjectRef::new(&n))
 }
@@ -279,10 +255,8 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     // its next reconcile is due, do without it
     let gpunode_events = after(synced.clone(), gpunode_events.modify(forget_uid));
     let ctx = Arc::new(Context {
-        client,
+        writer: Writer::new(client, recorder, metrics.clone(), slurm),
         settings,
-        slurm,
-        recorder,
         metrics,
         synced,
         nodes: node_store,
@@ -397,233 +371,13 @@ async fn reconcile_gpunode<S: SlurmNodes>(
     let held = g.status.as_ref().map_or(0, |s| s.held_gpus);
     ctx.metrics
         .node(&name, (!gone).then_some((g.spec.gpu_count, held)));
-    let result = execute(&ctx, &g, &p).await;
+    let result = ctx.writer.execute(&g, &p).await;
     ctx.metrics
         .reconcile_seconds
         .observe(started.elapsed().as_secs_f64());
     result?;
     Ok(p.requeue_after
         .map_or_else(Action::await_change, Action::requeue))
-}
-
-async fn execute<S: SlurmNodes>(
-    ctx: &Context<S>,
-    g: &SlimGpuNode,
-    p: &Plan,
-) -> Result<(), ReconcileError> {
-    let name = g.name_any();
-    let gref = g.object_ref(&());
-    if let Some(labels) = &p.labels {
-        apply_labels(ctx, &name, labels).await?;
-        let (reason, note) = labels_note(labels);
-        ctx.event(&gref, EventType::Normal, reason, note).await;
-    }
-    if let Some(conditions) = &p.conditions {
-        apply_conditions(ctx, &name, conditions).await?;
-    }
-    for n in &p.notices {
-        if n.reason == "Drifted" {
-            ctx.metrics.drifts.inc();
-        }
-        ctx.event(&gref, EventType::Warning, n.reason, n.note.clone())
-            .await;
-    }
-    let mut slurm_done = p.slurm_nodes.is_empty();
-    if !p.slurm_nodes.is_empty() {
-        match &ctx.slurm {
-            None => {
-                let note = "remediation is on but no slurmrestd is configured: the Slurm records \
-                            and slurmd pods are left as they are"
-                    .to_string();
-                ctx.event(&gref, EventType::Warning, "RemediationUnavailable", note)
-                    .await;
-            }
-            Some(slurm) => {
-                for node in &p.slurm_nodes {
-                    delete_slurm_node(ctx, slurm.as_ref(), &gref, node).await?;
-                }
-                slurm_done = true;
-            }
-        }
-    }
-    for a in &p.delete_pods {
-        if a.why == condition::DRIFTED && !slurm_done {
-            continue;
-        }
-        delete_pod(ctx, &gref, a).await?;
-    }
-    Ok(())
-}
-
-fn labels_note(labels: &std::collections::BTreeMap<String, String>) -> (&'static str, String) {
-    if labels.is_empty() {
-        return (
-            "LabelsRemoved",
-            "the node's mockgpu labels were removed".into(),
-        );
-    }
-    let list: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    ("LabelsApplied", format!("node labels: {}", list.join(", ")))
-}
-
-async fn apply_labels<S>(
-    ctx: &Context<S>,
-    node: &str,
-    labels: &std::collections::BTreeMap<String, String>,
-) -> Result<(), ReconcileError> {
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    labels::apply(&nodes, node, labels)
-        .await
-        .map_err(kube_err(format!("applying labels to node {node}")))?;
-    ctx.metrics.wrote("node_labels");
-    info!(%node, ?labels, "node labels applied");
-    Ok(())
-}
-
-async fn apply_conditions<S>(
-    ctx: &Context<S>,
-    name: &str,
-    conditions: &[Condition],
-) -> Result<(), ReconcileError> {
-    let api: Api<SlimGpuNode> = Api::all(ctx.client.clone());
-    let patch = json!({
-        "apiVersion": "mockgpu.io/v1alpha1",
-        "kind": "GpuNode",
-        "metadata": {"name": name},
-        "status": {"conditions": conditions},
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(CONTROLLER_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(kube_err(format!("applying conditions to GpuNode {name}")))?;
-    ctx.metrics.wrote("gpunode_conditions");
-    let brief: Vec<String> = conditions
-        .iter()
-        .map(|c| format!("{}={}", c.type_, c.status))
-        .collect();
-    info!(gpunode = %name, conditions = %brief.join(" "), "conditions applied");
-    Ok(())
-}
-
-async fn delete_slurm_node<S: SlurmNodes>(
-    ctx: &Context<S>,
-    slurm: &S,
-    gref: &k8s_openapi::api::core::v1::ObjectReference,
-    node: &str,
-) -> Result<(), ReconcileError> {
-    let labels = |result| ActionLabels {
-        action: "delete_slurm_node",
-        result,
-    };
-    match slurm.delete_node(node).await {
-        Ok(done) => {
-            ctx.metrics.remediation.get_or_create(&labels("ok")).inc();
-            let note = match done {
-                NodeDeleted::Deleted => {
-                    format!("Slurm node {node} deleted: its slurmd registers afresh")
-                }
-                NodeDeleted::AlreadyGone => format!("Slurm node {node} was already gone"),
-            };
-            info!(%node, ?done, "Slurm node record deleted");
-            ctx.event(gref, EventType::Normal, "SlurmNodeDeleted", note)
-                .await;
-            Ok(())
-        }
-        Err(source) => {
-            ctx.metrics
-                .remediation
-                .get_or_create(&labels("error"))
-                .inc();
-            let note = format!("deleting Slurm node {node}: {source}; its slurmd pods are kept");
-            ctx.event(gref, EventType::Warning, "SlurmNodeDeleteFailed", note)
-                .await;
-            Err(ReconcileError::Slurm {
-                node: node.to_string(),
-                source,
-            })
-        }
-    }
-}
-
-async fn delete_pod<S>(
-    ctx: &Context<S>,
-    gref: &k8s_openapi::api::core::v1::ObjectReference,
-    a: &plan::PodAction,
-) -> Result<(), ReconcileError> {
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &a.namespace);
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(a.uid.clone()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    let labels = |result| ActionLabels {
-        action: "delete_pod",
-        result,
-    };
-    let what = format!("deleting pod {}/{} ({})", a.namespace, a.name, a.why);
-    let deleted = match api.delete(&a.name, &params).await {
-        // gone already, or replaced by a pod of another UID: nothing to do
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        r => r.map(drop),
-    };
-    match deleted {
-        Ok(()) => {
-            ctx.metrics.remediation.get_or_create(&labels("ok")).inc();
-            info!(pod = %format!("{}/{}", a.namespace, a.name), why = a.why, "pod deleted");
-            let note = format!(
-                "pod {}/{} deleted ({}): it is recreated afresh",
-                a.namespace, a.name, a.why
-            );
-            ctx.event(gref, EventType::Normal, "PodDeleted", note.clone())
-                .await;
-            let pod_ref = k8s_openapi::api::core::v1::ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                namespace: Some(a.namespace.clone()),
-                name: Some(a.name.clone()),
-                uid: Some(a.uid.clone()),
-                ..Default::default()
-            };
-            ctx.event(&pod_ref, EventType::Normal, "PodDeleted", note)
-                .await;
-            Ok(())
-        }
-        Err(e) => {
-            ctx.metrics
-                .remediation
-                .get_or_create(&labels("error"))
-                .inc();
-            Err(kube_err(what)(e))
-        }
-    }
-}
-
-impl<S> Context<S> {
-    /// Records an Event; a failure is logged, not fatal.
-    async fn event(
-        &self,
-        regarding: &k8s_openapi::api::core::v1::ObjectReference,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
-            secondary: None,
-        };
-        match self.recorder.publish(&ev, regarding).await {
-            Ok(()) => self.metrics.wrote("event"),
-            Err(err) => warn!(%err, %reason, "cannot record an event"),
-        }
-    }
 }
 
 /// The sweep's context: the shared one, the GpuNode cache and its first list.
@@ -652,41 +406,17 @@ async fn sweep_node<S: SlurmNodes>(
         settings: &ctx.settings,
     });
     if let Some(labels) = &p.labels {
-        apply_labels(ctx, name, labels).await?;
-        let (reason, note) = labels_note(labels);
-        let nref = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(name.to_string()),
-            uid: node.metadata.uid.clone(),
-            ..Default::default()
-        };
-        ctx.event(
-            &nref,
-            EventType::Normal,
-            reason,
-            format!("{note}: its GpuNode is gone"),
-        )
-        .await;
+        ctx.writer
+            .sweep_labels(name, node.metadata.uid.clone(), labels)
+            .await?;
     }
     Ok(())
-}
-
-/// The Event recorder of replica `identity`.
-pub fn recorder(client: Client, identity: &str) -> Recorder {
-    Recorder::new(
-        client,
-        kube::runtime::events::Reporter {
-            controller: CONTROLLER_MANAGER.into(),
-            instance: Some(identity.into()),
-        },
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec, ResourceRequirements};
 
     use crate::slim::tests::slim_pod;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
