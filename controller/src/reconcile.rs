@@ -78,7 +78,8 @@ pub struct Context<S> {
 /// `Store::wait_until_ready` wakes only the last of several concurrent waiters (kube-runtime
 /// 5.0: a oneshot receiver underneath, which keeps one waker): so each store is waited on once,
 /// and that wait shared ([`Synced::of`]). kube-runtime's `Controller` waits on its own store
-/// itself, so the GpuNodes' first list is told by their event stream instead ([`first_list`]).
+/// itself, so the first lists of the GpuNodes and Nodes (the sweep's) are told by their event
+/// streams instead ([`first_list`]).
 #[derive(Clone)]
 struct Synced(Shared<BoxFuture<'static, bool>>);
 
@@ -200,11 +201,10 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     // each cache is written before its event triggers a reconcile, so a reconcile sees at least
     // what triggered it
     let (node_store, w) = reflector::store();
-    let nodes_listed = Synced::of(node_store.clone());
-    let node_events = reflector::reflector(
+    let (node_events, nodes_listed) = first_list(reflector::reflector(
         w,
         watcher(nodes, cfg()).modify(|n| labels::trim(&mut n.metadata)),
-    );
+    ));
     let (to_sweep, gpunodes, listed) = (
         sweep_tx.clone(),
         gpunode_store.clone(),
@@ -259,7 +259,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
         settings,
         metrics,
         synced,
-        nodes: node_store,
+        nodes: node_store.clone(),
         slurmd: slurmd_cache,
         pods: gpu_pod_cache,
     });
@@ -279,19 +279,14 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     .with_config(controller_config())
     .run(reconcile_gpunode, retry, ctx.clone())
     .for_each(|r| async move { log_result("GpuNode", r) });
-    // the sweep: Nodes whose GpuNode is gone, from the same caches (a failed one is tried again
-    // after RETRY)
+    // the sweep: Nodes whose GpuNode is gone, from the same caches, on the triggers above only
+    // (a failed one is tried again after RETRY)
     let sweep_ctx = Arc::new((ctx, gpunode_store, gpunodes_listed));
-    let sweep = sweep_rx.for_each_concurrent(usize::from(CONCURRENCY), move |name| {
-        let (ctx, again) = (sweep_ctx.clone(), sweep_tx.clone());
-        async move {
-            if let Err(err) = sweep_node(&name, &ctx).await {
-                warn!(%err, node = %name, "Node reconcile failed; retrying in {} s", RETRY.as_secs());
-                tokio::time::sleep(RETRY).await;
-                let _ = again.unbounded_send(name);
-            }
-        }
-    });
+    let sweep = Controller::for_stream(futures::stream::empty(), node_store)
+        .reconcile_on(sweep_rx.map(|name| ObjectRef::new(&name)))
+        .with_config(controller::Config::default().concurrency(CONCURRENCY))
+        .run(reconcile_node, retry, sweep_ctx)
+        .for_each(|r| async move { log_result("Node", r) });
     tokio::join!(main, sweep, first_sweep);
 }
 
@@ -382,6 +377,15 @@ async fn reconcile_gpunode<S: SlurmNodes>(
 
 /// The sweep's context: the shared one, the GpuNode cache and its first list.
 type SweepContext<S> = (Arc<Context<S>>, Store<SlimGpuNode>, Synced);
+
+/// The sweep's reconcile of Node `n`.
+async fn reconcile_node<S: SlurmNodes>(
+    n: Arc<NodeMeta>,
+    ctx: Arc<SweepContext<S>>,
+) -> Result<Action, ReconcileError> {
+    sweep_node(&n.name_any(), &ctx).await?;
+    Ok(Action::await_change())
+}
 
 async fn sweep_node<S: SlurmNodes>(
     name: &str,
