@@ -10,7 +10,7 @@ use mockgpu_api::Mode;
 use mockgpu_api::gpunode::condition;
 
 use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, NodeLabels, PCI_NVIDIA, PROFILE};
-use crate::slim::{SeenCondition, SlimContainer, SlimGpuNode, SlimPod};
+use crate::slim::{SlimContainer, SlimGpuNode, SlimPod};
 
 /// What the decision depends on besides the objects.
 #[derive(Debug, Clone)]
@@ -144,7 +144,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
     for mut c in wanted {
         let old = current.iter().find(|o| o.type_ == c.type_);
         match old {
-            Some(o) if o.status == Some(c.status.as_str()) => {
+            Some(o) if o.status == c.status => {
                 c.last_transition_time = o.last_transition_time.clone()
             }
             _ if c.status == "True" => p.notices.push(Notice {
@@ -153,14 +153,29 @@ pub fn plan(input: &Input<'_>) -> Plan {
             }),
             _ => {}
         }
-        // all but the transition time (kept above while the status holds)
-        changed |= old.is_none_or(|o| o.digest != SeenCondition::digest(&c));
+        changed |= old.is_none_or(|o| !unchanged(o, &c));
         next.push(c);
     }
     if changed {
         p.conditions = Some(next);
     }
     p
+}
+
+/// Whether condition `new` would change nothing of `old`: all but the transition time (kept while
+/// the status holds) is the same.
+fn unchanged(old: &Condition, new: &Condition) -> bool {
+    (
+        &old.status,
+        &old.reason,
+        &old.message,
+        old.observed_generation,
+    ) == (
+        &new.status,
+        &new.reason,
+        &new.message,
+        new.observed_generation,
+    )
 }
 
 /// The event reason of a condition that became true.
@@ -632,6 +647,56 @@ mod tests {
         let mut g = g.clone();
         g.status.as_mut().unwrap().conditions = p.conditions.clone().unwrap();
         g
+    }
+
+    /// A change is told by all but the transition time; an odd status is none of ours.
+    #[test]
+    fn a_condition_change_is_all_but_its_transition_time() {
+        let c = Condition {
+            type_: condition::DRIFTED.into(),
+            status: "True".into(),
+            reason: "R".into(),
+            message: "m".into(),
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            observed_generation: Some(2),
+        };
+        let same = Condition {
+            last_transition_time: Time(Timestamp::from_second(1).unwrap()),
+            ..c.clone()
+        };
+        assert!(unchanged(&c, &same));
+        let changes = [
+            Condition {
+                status: "False".into(),
+                ..c.clone()
+            },
+            Condition {
+                reason: "Other".into(),
+                ..c.clone()
+            },
+            Condition {
+                message: "m2".into(),
+                ..c.clone()
+            },
+            Condition {
+                observed_generation: Some(3),
+                ..c.clone()
+            },
+        ];
+        for changed in &changes {
+            assert!(!unchanged(&c, changed), "{changed:?}");
+        }
+        let odd = Condition {
+            status: "Maybe".into(),
+            ..c.clone()
+        };
+        for status in ["True", "False", "Unknown"] {
+            let ours = Condition {
+                status: status.into(),
+                ..c.clone()
+            };
+            assert!(!unchanged(&odd, &ours), "{status}");
+        }
     }
 
     #[test]

@@ -8,7 +8,6 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -71,46 +70,7 @@ pub struct SlimStatus {
     /// The controller's conditions (`Stale`, `Drifted`, `InjectionMissing`), reduced to what
     /// telling a change needs; the agent's are not kept.
     #[serde(default, deserialize_with = "our_conditions")]
-    pub conditions: Vec<SeenCondition>,
-}
-
-/// A condition of ours as the cache keeps it: its type and status, when the status last
-/// changed, and a digest of everything a change is told by (status, reason, message, observed
-/// generation). Compared with the condition the decision would write, it says whether that write
-/// would change anything; the strings themselves are never needed again.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SeenCondition {
-    /// One of [`OUR_CONDITIONS`].
-    pub type_: &'static str,
-    /// `True`, `False` or `Unknown` (`None`: anything else).
-    pub status: Option<&'static str>,
-    /// When the status last changed.
-    pub last_transition_time: Time,
-    /// [`SeenCondition::digest`] of the condition.
-    pub digest: u64,
-}
-
-impl SeenCondition {
-    /// `c` as the cache keeps it, if it is one of ours.
-    pub fn of(c: &Condition) -> Option<Self> {
-        let type_ = OUR_CONDITIONS.into_iter().find(|t| *t == c.type_)?;
-        Some(Self {
-            type_,
-            status: ["True", "False", "Unknown"]
-                .into_iter()
-                .find(|s| *s == c.status),
-            last_transition_time: c.last_transition_time.clone(),
-            digest: Self::digest(c),
-        })
-    }
-
-    /// What a change of `c` is told by (all but its type and transition time), hashed. Digests
-    /// are only compared within one process.
-    pub fn digest(c: &Condition) -> u64 {
-        let mut h = DefaultHasher::new();
-        (&c.status, &c.reason, &c.message, c.observed_generation).hash(&mut h);
-        h.finish()
-    }
+    pub conditions: Vec<Condition>,
 }
 
 /// A container holding GPUs, as far as the decision looks at it.
@@ -313,9 +273,10 @@ fn first_model<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Err
     d.deserialize_any(First)
 }
 
-fn our_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SeenCondition>, D::Error> {
-    let all = Option::<Vec<Condition>>::deserialize(d)?.unwrap_or_default();
-    Ok(all.iter().filter_map(SeenCondition::of).collect())
+fn our_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Condition>, D::Error> {
+    let mut all = Option::<Vec<Condition>>::deserialize(d)?.unwrap_or_default();
+    all.retain(|c| OUR_CONDITIONS.contains(&c.type_.as_str()));
+    Ok(all)
 }
 
 /// A pod as decoded before [`SlimPod`] keeps its part.
@@ -571,15 +532,7 @@ pub(crate) mod tests {
             }]
         );
         // the agent's Ready is not kept
-        assert_eq!(
-            st.conditions,
-            [SeenCondition {
-                type_: condition::STALE,
-                status: Some("True"),
-                last_transition_time: Time(Timestamp::UNIX_EPOCH),
-                digest: SeenCondition::digest(&cond(condition::STALE)),
-            }]
-        );
+        assert_eq!(st.conditions, [cond(condition::STALE)]);
         // no GPUs, no status
         let empty: SlimGpuNode = serde_json::from_value(json!({
             "metadata": {"name": "x"},
@@ -602,48 +555,6 @@ pub(crate) mod tests {
         );
         assert!(!SlimPod::metadata_api());
         assert!(!SlimGpuNode::metadata_api());
-    }
-
-    /// The digest tells every change but the transition time's; an odd status is kept as none.
-    #[test]
-    fn a_condition_digest_tells_what_changed() {
-        let c = cond(condition::DRIFTED);
-        let same = Condition {
-            last_transition_time: Time(Timestamp::from_second(1).unwrap()),
-            ..c.clone()
-        };
-        assert_eq!(SeenCondition::digest(&same), SeenCondition::digest(&c));
-        let changes = [
-            Condition {
-                status: "False".into(),
-                ..c.clone()
-            },
-            Condition {
-                reason: "Other".into(),
-                ..c.clone()
-            },
-            Condition {
-                message: "m2".into(),
-                ..c.clone()
-            },
-            Condition {
-                observed_generation: Some(3),
-                ..c.clone()
-            },
-        ];
-        for changed in &changes {
-            assert_ne!(
-                SeenCondition::digest(changed),
-                SeenCondition::digest(&c),
-                "{changed:?}"
-            );
-        }
-        let odd = Condition {
-            status: "Maybe".into(),
-            ..c.clone()
-        };
-        assert_eq!(SeenCondition::of(&odd).unwrap().status, None);
-        assert_eq!(SeenCondition::of(&cond(condition::READY)), None);
     }
 
     /// A slurmd pod as the API server sends a Slinky NodeSet's: managed fields, an init
