@@ -324,8 +324,8 @@ where
     events.default_backoff().touched_objects()
 }
 
-/// Logs a failed reconcile. A GpuNode that does not exist (a Node without one, or a deleted
-/// one: the sweep's business) is not a failure.
+/// Logs a failed reconcile. An object that does not exist is not a failure: a GpuNode (a Node
+/// without one, or a deleted one: the sweep's business), or a Node gone before its sweep.
 fn log_result<K: Resource>(
     kind: &str,
     r: Result<(ObjectRef<K>, Action), ControllerError<ReconcileError, watcher::Error>>,
