@@ -25,9 +25,17 @@ pub struct Sent {
 /// A mocked API server: a client whose requests are recorded, in order, and answered by `answer`
 /// (status, JSON body).
 pub fn api_server(answer: impl Fn(&Sent) -> (u16, Value) + Send + 'static) -> (Client, Server) {
+    api_server_holding(move |s| Some(answer(s)))
+}
+
+/// [`api_server`], but a request that `answer` answers `None` is held open, unanswered (a watch
+/// that sees no change) until the server ends.
+pub fn api_server_holding(
+    answer: impl Fn(&Sent) -> Option<(u16, Value)> + Send + 'static,
+) -> (Client, Server) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let server = tokio::spawn(async move {
-        let mut sent = Vec::new();
+        let (mut sent, mut held) = (Vec::new(), Vec::new());
         while let Some((req, reply)) = handle.next_request().await {
             let (parts, body) = req.into_parts();
             let bytes = body.collect_bytes().await.expect("a readable request body");
@@ -46,12 +54,16 @@ pub fn api_server(answer: impl Fn(&Sent) -> (u16, Value) + Send + 'static) -> (C
                     serde_json::from_slice(&bytes).expect("a JSON request body")
                 },
             };
-            let (status, body) = answer(&s);
-            let answer = Response::builder()
-                .status(status)
-                .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                .unwrap();
-            reply.send_response(answer);
+            match answer(&s) {
+                Some((status, body)) => {
+                    let answer = Response::builder()
+                        .status(status)
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap();
+                    reply.send_response(answer);
+                }
+                None => held.push(reply),
+            }
             sent.push(s);
         }
         sent

@@ -3,15 +3,14 @@
 use std::collections::BTreeMap;
 
 use mockgpu_api::gpunode::{AGENT_MANAGER, CONTROLLER_MANAGER};
+use serde_json::{Value, json};
 
 use super::*;
-use crate::labels::GPU_COUNT;
-use serde_json::Value;
-
-use crate::labels::PROFILE;
 use crate::labels::tests::node_json;
-use crate::mock_api::{Sent, api_server, requests, status};
+use crate::labels::{GPU_COUNT, PROFILE};
+use crate::mock_api::{Sent, api_server, api_server_holding, requests, status};
 use crate::slim::tests::slim;
+use crate::write::recorder;
 use crate::write::tests::{
     APPLY_PATCH, EVENTS, FakeSlurm, NODE_APPLY, ON_GPUNODE, STATUS_APPLY, ev, event, gpunode,
     labels, node_apply, ok, sent, writer,
@@ -159,4 +158,106 @@ async fn a_reconcile_writes_what_the_plan_of_its_caches_wants() {
         conditions,
         ["Stale=Unknown", "Drifted=False", "InjectionMissing=False"]
     );
+}
+
+/// A list of `items` as the API server sends it.
+fn list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": items})
+}
+
+/// The API server as the controllers meet it: the lists of one GpuNode (node-a, new), two Nodes
+/// (node-a, unlabelled; node-b, labelled by us and without GpuNode) and no pods; watches that
+/// see no change; writes answered as [`ok`] does, and told to `writes` as they come.
+fn cluster(
+    writes: tokio::sync::mpsc::UnboundedSender<(String, String)>,
+) -> impl Fn(&Sent) -> Option<(u16, Value)> {
+    move |s| {
+        let uri = s.uri.as_str();
+        if s.method != "GET" {
+            let _ = writes.send((s.method.clone(), uri.to_string()));
+            return Some(ok(s));
+        }
+        if uri.contains("watch=true") {
+            return None;
+        }
+        let items = if uri.starts_with("/apis/mockgpu.io/") {
+            vec![serde_json::to_value(gpunode()).unwrap()]
+        } else if uri.starts_with("/api/v1/nodes") {
+            let node_a = node_json(
+                &[("kubelet", "Update", &["kubernetes.io/hostname"])],
+                &[("kubernetes.io/hostname", "node-a")],
+            );
+            let mut node_b = node_json(
+                &[(CONTROLLER_MANAGER, "Apply", &[PROFILE])],
+                &[(PROFILE, "gb300")],
+            );
+            node_b.metadata.name = Some("node-b".into());
+            node_b.metadata.uid = Some("nb".into());
+            [node_a, node_b]
+                .iter()
+                .map(|n| serde_json::to_value(n).unwrap())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Some((200, list(items)))
+    }
+}
+
+/// The controllers end to end on a mocked API server: once their caches are listed, the new
+/// GpuNode's Node is labelled (with an Event) and its conditions applied, and the sweep removes
+/// our labels from the Node whose GpuNode is gone (with an Event on that Node).
+#[tokio::test]
+async fn the_controllers_label_a_new_node_and_sweep_an_orphaned_one() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (client, server) = api_server_holding(cluster(tx));
+    let settings = context(client.clone()).settings;
+    let recorder = recorder(client.clone(), "replica-0");
+    let run = tokio::spawn(controllers(
+        client,
+        settings,
+        None::<Arc<FakeSlurm>>,
+        recorder,
+        Metrics::default(),
+        "app.kubernetes.io/name=slurmd",
+    ));
+    // the five writes, or what came of them by the deadline
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    for _ in 0..5 {
+        if tokio::time::timeout_at(deadline, rx.recv()).await.is_err() {
+            break;
+        }
+    }
+    run.abort();
+    let _ = run.await;
+    let sent = server.sent().await;
+    let node_b = "/api/v1/nodes/node-b?&force=true&fieldManager=mockgpu-controller";
+    let mut want = vec![
+        ("PATCH", NODE_APPLY),
+        ("POST", EVENTS),
+        ("PATCH", STATUS_APPLY),
+        ("PATCH", node_b),
+        ("POST", EVENTS),
+    ];
+    let mut got: Vec<_> = requests(&sent)
+        .into_iter()
+        .filter(|(m, _)| *m != "GET")
+        .collect();
+    want.sort_unstable();
+    got.sort_unstable();
+    assert_eq!(got, want);
+    let body = |uri: &str| &sent.iter().find(|s| s.uri == uri).unwrap().body;
+    assert_eq!(*body(node_b), {
+        let mut b = node_apply(&BTreeMap::new());
+        b["metadata"]["name"] = json!("node-b");
+        b
+    });
+    let events: Vec<_> = sent.iter().filter(|s| s.uri == EVENTS).map(event).collect();
+    let on_node_b = ev(
+        "Normal",
+        "LabelsRemoved",
+        "the node's mockgpu labels were removed: its GpuNode is gone",
+        "Node//node-b/nb",
+    );
+    assert!(events.contains(&on_node_b), "{events:?}");
 }
