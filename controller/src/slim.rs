@@ -1,9 +1,10 @@
 //! What the controller keeps of the GpuNodes and pods it watches: only the fields the decision
 //! (`plan`) reads. serde skips everything else while decoding, so the GPUs' details, most of a
 //! pod, the managed fields and the annotations of thousands of objects are never allocated: a
-//! full resync of a large cluster costs a fraction of the full objects' CPU and memory. Pods are
-//! cached by the node they are bound to, so that a reconcile looks up only its node's. (Nodes are
-//! watched as metadata, trimmed by `labels::trim`.)
+//! full resync of a large cluster costs a fraction of the full objects' CPU and memory. They are
+//! cached in kube-runtime's stores; pods are also indexed by the node they are bound to
+//! ([`PodsByNode`]), so that a reconcile looks up only its node's. (Nodes are watched as
+//! metadata, trimmed by `labels::trim`.)
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -67,8 +68,8 @@ pub struct SlimStatus {
     /// The containers holding GPUs.
     #[serde(default)]
     pub pinning: Vec<SlimPinning>,
-    /// The controller's conditions (`Stale`, `Drifted`, `InjectionMissing`), reduced to what
-    /// telling a change needs; the agent's are not kept.
+    /// The controller's conditions (`Stale`, `Drifted`, `InjectionMissing`); the agent's are not
+    /// kept.
     #[serde(default, deserialize_with = "our_conditions")]
     pub conditions: Vec<Condition>,
 }

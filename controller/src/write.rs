@@ -93,10 +93,9 @@ impl<S: SlurmNodes> Writer<S> {
         if !p.slurm_nodes.is_empty() {
             match &self.slurm {
                 None => {
-                    let note =
-                        "remediation is on but no slurmrestd is configured: the Slurm records \
-                                and slurmd pods are left as they are"
-                            .to_string();
+                    let note = "remediation is on but no slurmrestd is configured: the Slurm \
+                                records and slurmd pods are left as they are"
+                        .to_string();
                     self.event(&gref, EventType::Warning, "RemediationUnavailable", note)
                         .await;
                 }
