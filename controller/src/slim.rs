@@ -192,7 +192,8 @@ impl PodsByNode {
         }
     }
 
-    /// The cached pods bound to `node`.
+    /// The cached pods bound to `node` (a key's pod is looked up by name: one recreated under it
+    /// on another node is not this node's).
     pub fn on_node(&self, node: &str) -> Vec<Arc<SlimPod>> {
         let index = self.index.read().unwrap_or_else(|p| p.into_inner());
         index
@@ -200,6 +201,7 @@ impl PodsByNode {
             .into_iter()
             .flatten()
             .filter_map(|k| self.store.get(k))
+            .filter(|p| p.node.as_deref() == Some(node))
             .collect()
     }
 }
@@ -763,5 +765,32 @@ pub(crate) mod tests {
         apply(&InitDone);
         assert_eq!(on("n1"), ids(&[("d", "h")]));
         assert_eq!(on("n2"), []);
+    }
+
+    /// A pod recreated under its name on another node (its deletion not seen yet) is that node's
+    /// only.
+    #[test]
+    fn a_pod_recreated_on_another_node_is_only_that_nodes() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let index = PodsByNode::new(store);
+        let mut moved = pod_on("a", Some("n2"), "h");
+        moved.metadata.uid = Some("a2".into());
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(pod_on("a", Some("n1"), "h")),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(moved),
+        ] {
+            writer.apply_watcher_event(&e);
+            index.apply(&e);
+        }
+        let uids = |node: &str| -> Vec<String> {
+            index
+                .on_node(node)
+                .iter()
+                .map(|p| p.uid().to_string())
+                .collect()
+        };
+        assert_eq!((uids("n1"), uids("n2")), (vec![], vec!["a2".to_string()]));
     }
 }
