@@ -1,12 +1,17 @@
-//! The node labels that follow a GpuNode, and who owns them (server-side apply's managed fields).
+//! The node labels we set, as a Node's metadata tells them and who owns them (server-side
+//! apply's managed fields). What to apply is `plan`'s decision, the apply `write`'s.
 
-use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::{BTreeMap, BTreeSet};
 
-use mockgpu_api::Mode;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
+use kube::core::PartialObjectMeta;
 use mockgpu_api::gpunode::CONTROLLER_MANAGER;
+use serde_json::{Map, Value};
 
-use crate::slim::{SlimGpuNode, SlimNode};
+/// A Node as the controller watches it: its metadata only (`PartialObjectMetadata`), [`trim`]med
+/// to what [`NodeLabels::of`] reads.
+pub type NodeMeta = PartialObjectMeta<Node>;
 
 /// The node's mockgpu profile (`real` on a node with a real driver).
 pub const PROFILE: &str = "mockgpu.io/profile";
@@ -20,192 +25,275 @@ pub const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
 /// node-feature-discovery where it runs.
 pub const PCI_NVIDIA: &str = "feature.node.kubernetes.io/pci-10de.present";
 
-/// The labels we may set, in a fixed order (the bits of [`NodeLabels`]' masks).
+/// The labels we may set.
 pub const KEYS: [&str; 5] = [PROFILE, GPU_PRESENT, GPU_COUNT, GPU_PRODUCT, PCI_NVIDIA];
 
-fn bit(key: &str) -> Option<u8> {
-    KEYS.iter().position(|k| *k == key).map(|i| 1 << i)
+/// `key` as one of [`KEYS`].
+fn known(key: &str) -> Option<&'static str> {
+    KEYS.into_iter().find(|k| *k == key)
 }
 
 /// What labelling decides on of a Node: the current values of the labels we may set ([`KEYS`]),
-/// as digests (all that telling whether they are in place needs), the label keys our field
-/// manager owns through server-side apply, and which of [`KEYS`] another manager owns (its
-/// managed fields, reduced to their label keys).
+/// the label keys our field manager owns through server-side apply, and which of [`KEYS`] another
+/// manager owns (its managed fields, reduced to their label keys).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeLabels {
-    /// [`digest`]s of the values of [`KEYS`], where set.
-    values: [Option<u64>; KEYS.len()],
-    /// [`KEYS`] our applies own, as bits.
-    ours: u8,
-    /// Other label keys our applies own (an older release's), sorted.
-    ours_other: Vec<String>,
-    /// [`KEYS`] another manager owns, as bits.
-    others: u8,
+    /// The values of [`KEYS`], where set.
+    values: BTreeMap<&'static str, String>,
+    /// The label keys our applies own (with an older release's).
+    ours: BTreeSet<String>,
+    /// [`KEYS`] another manager owns.
+    others: BTreeSet<&'static str>,
 }
 
 impl NodeLabels {
+    /// What labelling decides on of the Node with metadata `m`.
+    pub fn of(m: &ObjectMeta) -> Self {
+        let mut n = Self::default();
+        for (k, v) in m.labels.iter().flatten() {
+            n.observe_label(k, v);
+        }
+        for e in m.managed_fields.iter().flatten() {
+            for key in label_keys(e) {
+                n.observe_owner(e.manager.as_deref(), e.operation.as_deref(), key);
+            }
+        }
+        n
+    }
+
     /// Takes note of label `key`'s value (kept if it is one of [`KEYS`]).
-    pub fn observe_label(&mut self, key: &str, value: &str) {
-        if let Some(i) = KEYS.iter().position(|k| *k == key) {
-            self.values[i] = Some(digest(value));
+    fn observe_label(&mut self, key: &str, value: &str) {
+        if let Some(k) = known(key) {
+            self.values.insert(k, value.to_string());
         }
     }
 
     /// Takes note of a managed-fields entry of `manager` and `operation` owning label `key`:
     /// ours through `Apply`, or another manager's (our own `Update`s are neither).
-    pub fn observe_owner(&mut self, manager: Option<&str>, operation: Option<&str>, key: &str) {
+    fn observe_owner(&mut self, manager: Option<&str>, operation: Option<&str>, key: &str) {
         if manager == Some(CONTROLLER_MANAGER) {
-            if operation != Some("Apply") {
-                return;
+            if operation == Some("Apply") {
+                self.ours.insert(key.to_string());
             }
-            match bit(key) {
-                Some(b) => self.ours |= b,
-                None => {
-                    if let Err(i) = self.ours_other.binary_search_by(|k| k.as_str().cmp(key)) {
-                        self.ours_other.insert(i, key.to_string());
-                    }
-                }
-            }
-        } else if let Some(b) = bit(key) {
-            self.others |= b;
+        } else if let Some(k) = known(key) {
+            self.others.insert(k);
         }
     }
 
     /// Whether label `key`, one of [`KEYS`], is set to `value`.
     pub fn has(&self, key: &str, value: &str) -> bool {
-        KEYS.iter()
-            .position(|k| *k == key)
-            .is_some_and(|i| self.values[i] == Some(digest(value)))
+        self.values.get(key).is_some_and(|v| v == value)
     }
 
     /// Whether label `key` is set (if it is one of [`KEYS`]).
     #[cfg(test)]
     pub fn is_set(&self, key: &str) -> bool {
-        KEYS.iter()
-            .position(|k| *k == key)
-            .is_some_and(|i| self.values[i].is_some())
+        self.values.contains_key(key)
     }
 
-    /// The label keys our field manager owns through apply.
+    /// The label keys our field manager owns through apply, sorted.
     pub fn ours(&self) -> impl Iterator<Item = &str> {
-        KEYS.iter()
-            .enumerate()
-            .filter(|(i, _)| self.ours & (1 << i) != 0)
-            .map(|(_, k)| *k)
-            .chain(self.ours_other.iter().map(String::as_str))
+        self.ours.iter().map(String::as_str)
     }
 
     /// Whether a field manager other than ours owns label `key` (one of [`KEYS`]).
     pub fn owned_by_another(&self, key: &str) -> bool {
-        bit(key).is_some_and(|b| self.others & b != 0)
+        self.others.contains(key)
     }
 
     /// Whether our field manager owns exactly the label keys `keys`.
-    fn ours_are<'a>(&self, keys: impl Iterator<Item = &'a String>) -> bool {
-        let mut mask = 0;
-        for k in keys {
-            match bit(k) {
-                Some(b) => mask |= b,
-                None => return false,
-            }
-        }
-        self.ours_other.is_empty() && mask == self.ours
+    pub fn ours_are<'a>(&self, keys: impl Iterator<Item = &'a String>) -> bool {
+        self.ours.iter().eq(keys)
     }
 }
 
-/// The labels a node with GpuNode `g` should carry from us. A real-mode node gets only the
-/// profile: the NVIDIA GPU stack labels real GPUs itself.
-pub fn wanted(g: &SlimGpuNode, node: &NodeLabels) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::from([(PROFILE.to_string(), label_value(&g.spec.profile))]);
-    if g.spec.mode == Mode::Real {
-        return out;
-    }
-    out.insert(GPU_COUNT.into(), g.spec.gpu_count.to_string());
-    if let Some(model) = &g.spec.model {
-        out.insert(GPU_PRESENT.into(), "true".into());
-        out.insert(GPU_PRODUCT.into(), label_value(model));
-        if !node.owned_by_another(PCI_NVIDIA) {
-            out.insert(PCI_NVIDIA.into(), "true".into());
-        }
-    }
-    out
+/// The label keys among the fields of managed-fields entry `e`.
+fn label_keys(e: &ManagedFieldsEntry) -> impl Iterator<Item = &str> {
+    e.fields_v1
+        .as_ref()
+        .and_then(|f| f.0.get("f:metadata")?.get("f:labels")?.as_object())
+        .into_iter()
+        .flat_map(Map::keys)
+        .filter_map(|k| k.strip_prefix("f:"))
 }
 
-/// What to apply to a node: `None` leaves it alone (our labels are in place with exactly the
-/// wanted values and keys, or there is no GpuNode and no label of ours), `Some(set)` applies
-/// `set` (empty: removes ours) with our field manager.
-pub fn to_apply(
-    wanted: Option<BTreeMap<String, String>>,
-    node: &NodeLabels,
-) -> Option<BTreeMap<String, String>> {
-    let want = match wanted {
-        Some(w) => w,
-        None if node.ours().next().is_none() => return None,
-        None => BTreeMap::new(),
+/// Trims a watched Node's metadata to its name, UID, resource version, and what
+/// [`NodeLabels::of`] reads: the labels of [`KEYS`], and of the managed-fields entries their
+/// manager, operation and label keys (all of ours, [`KEYS`] of others'; entries without any are
+/// dropped).
+pub fn trim(m: &mut ObjectMeta) {
+    *m = ObjectMeta {
+        name: m.name.take(),
+        uid: m.uid.take(),
+        resource_version: m.resource_version.take(),
+        labels: m.labels.take().map(|mut l| {
+            l.retain(|k, _| known(k).is_some());
+            l
+        }),
+        managed_fields: m.managed_fields.take().map(|entries| {
+            entries
+                .into_iter()
+                .filter_map(|e| {
+                    let ours = e.manager.as_deref() == Some(CONTROLLER_MANAGER);
+                    let keys: Map<String, Value> = label_keys(&e)
+                        .filter(|k| ours || known(k).is_some())
+                        .map(|k| (format!("f:{k}"), Value::Object(Map::new())))
+                        .collect();
+                    (!keys.is_empty()).then(|| ManagedFieldsEntry {
+                        manager: e.manager,
+                        operation: e.operation,
+                        fields_v1: Some(FieldsV1(
+                            serde_json::json!({"f:metadata": {"f:labels": keys}}),
+                        )),
+                        ..ManagedFieldsEntry::default()
+                    })
+                })
+                .collect()
+        }),
+        ..ObjectMeta::default()
     };
-    let in_place = want.iter().all(|(k, v)| node.has(k, v));
-    (!(in_place && node.ours_are(want.keys()))).then_some(want)
-}
-
-/// Applies `labels` to node `name` with our field manager (server-side apply, forced): the set
-/// replaces what we owned, so an empty set removes our labels and nothing else. The answer comes
-/// back as metadata only.
-pub async fn apply(
-    nodes: &kube::Api<SlimNode>,
-    name: &str,
-    labels: &BTreeMap<String, String>,
-) -> Result<(), kube::Error> {
-    let patch = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
-    });
-    let params = kube::api::PatchParams::apply(CONTROLLER_MANAGER).force();
-    nodes
-        .patch(name, &params, &kube::api::Patch::Apply(&patch))
-        .await?;
-    Ok(())
-}
-
-/// A label value's digest (only compared within one process).
-fn digest(value: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    value.hash(&mut h);
-    h.finish()
-}
-
-/// A label value from free text: characters other than letters, digits, `-`, `_`, `.` become
-/// `-`, at most 63 characters, starting and ending with a letter or digit.
-pub fn label_value(text: &str) -> String {
-    let mapped: String = text
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(63)
-        .collect();
-    mapped
-        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
-        .to_string()
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use kube::runtime::reflector::{self, ObjectRef};
+    use kube::runtime::watcher;
+    use mockgpu_api::gpunode::AGENT_MANAGER;
+    use serde_json::json;
+
     use super::*;
 
+    /// A Node's metadata as the API server sends it (the kubelet's labels, ours, and the managed
+    /// fields of both, with fields that are not labels), as the watch keeps it ([`trim`]med).
+    pub(crate) fn node_json(owners: &[(&str, &str, &[&str])], labels: &[(&str, &str)]) -> NodeMeta {
+        let managed: Vec<_> = owners
+            .iter()
+            .map(|(manager, operation, keys)| {
+                let labels: Map<_, _> =
+                    keys.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
+                json!({
+                    "manager": manager, "operation": operation, "apiVersion": "v1",
+                    "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+                    "fieldsV1": {
+                        "f:metadata": {"f:labels": labels, "f:annotations": {"f:x": {}}},
+                        "f:status": {"f:conditions": {}},
+                    },
+                })
+            })
+            .collect();
+        let labels: Map<_, _> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        let mut n: NodeMeta = serde_json::from_value(json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {
+                "name": "node-a", "uid": "nu", "resourceVersion": "7",
+                "labels": labels, "annotations": {"x": "y"}, "managedFields": managed,
+            },
+        }))
+        .unwrap();
+        trim(&mut n.metadata);
+        n
+    }
+
+    /// The Node cache (kube-runtime's store) follows the watch: applies, deletions, and a list
+    /// that replaces it at its end.
     #[test]
-    fn label_values_are_valid() {
-        assert_eq!(label_value("NVIDIA GB300"), "NVIDIA-GB300");
-        assert_eq!(
-            label_value("NVIDIA H100 80GB HBM3"),
-            "NVIDIA-H100-80GB-HBM3"
+    fn the_node_cache_follows_the_watch() {
+        use watcher::Event::*;
+        let n = |name: &str, profile: &str| {
+            let mut n = node_json(&[], &[(PROFILE, profile)]);
+            n.metadata.name = Some(name.into());
+            n
+        };
+        let (cache, mut writer) = reflector::store::<NodeMeta>();
+        let get = |name: &str| cache.get(&ObjectRef::new(name));
+        let profile = |name: &str| get(name).map(|c| NodeLabels::of(&c.metadata).has(PROFILE, "b"));
+        for e in [
+            Init,
+            InitApply(n("x", "a")),
+            InitApply(n("y", "a")),
+            InitDone,
+        ] {
+            writer.apply_watcher_event(&e);
+        }
+        assert_eq!(get("x").unwrap().metadata.uid.as_deref(), Some("nu"));
+        writer.apply_watcher_event(&Apply(n("x", "b")));
+        assert_eq!((profile("x"), profile("y")), (Some(true), Some(false)));
+        writer.apply_watcher_event(&Delete(n("y", "a")));
+        assert_eq!(profile("y"), None);
+        // a new list: the old entries stay until it is done, then only the listed ones are left
+        writer.apply_watcher_event(&Init);
+        writer.apply_watcher_event(&InitApply(n("z", "b")));
+        assert_eq!((profile("x"), profile("z")), (Some(true), None));
+        writer.apply_watcher_event(&InitDone);
+        assert_eq!((profile("x"), profile("z")), (None, Some(true)));
+        let names: Vec<_> = cache
+            .state()
+            .iter()
+            .filter(|c| NodeLabels::of(&c.metadata).has(PROFILE, "b"))
+            .map(|c| c.metadata.name.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(names, ["z"]);
+    }
+
+    /// The watch keeps of a Node its identity, our labels and who owns them.
+    #[test]
+    fn a_node_keeps_our_labels_and_who_owns_them() {
+        let n = node_json(
+            &[
+                (
+                    "kubelet",
+                    "Update",
+                    &["kubernetes.io/hostname", PCI_NVIDIA] as &[&str],
+                ),
+                (
+                    "mockgpu-controller",
+                    "Apply",
+                    &[PROFILE, "old.mockgpu.io/x"],
+                ),
+                ("mockgpu-controller", "Update", &[GPU_COUNT]),
+                (AGENT_MANAGER, "Apply", &[]),
+            ],
+            &[
+                ("kubernetes.io/hostname", "node-a"),
+                (PROFILE, "gb300"),
+                (GPU_COUNT, "4"),
+            ],
         );
-        assert_eq!(label_value(" (odd) "), "odd");
-        assert_eq!(label_value(&"x".repeat(80)).len(), 63);
+        assert_eq!(
+            (
+                n.metadata.name.as_deref(),
+                n.metadata.uid.as_deref(),
+                n.metadata.resource_version.as_deref()
+            ),
+            (Some("node-a"), Some("nu"), Some("7"))
+        );
+        // of the labels only ours, of the managed fields only their label keys
+        let kept: Vec<_> = n
+            .metadata
+            .labels
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(
+            (kept, &n.metadata.annotations),
+            (vec![PROFILE, GPU_COUNT], &None)
+        );
+        let owners: Vec<_> = n.metadata.managed_fields.iter().flatten().collect();
+        assert_eq!(owners.len(), 3, "{owners:?}");
+        let labels = NodeLabels::of(&n.metadata);
+        assert!(labels.has(PROFILE, "gb300") && labels.has(GPU_COUNT, "4"));
+        assert!(!labels.is_set("kubernetes.io/hostname") && !labels.is_set(PCI_NVIDIA));
+        assert_eq!(
+            labels.ours().collect::<Vec<_>>(),
+            [PROFILE, "old.mockgpu.io/x"]
+        );
+        assert!(labels.owned_by_another(PCI_NVIDIA));
+        assert!(!labels.owned_by_another(PROFILE));
+        assert!(!labels.owned_by_another(GPU_COUNT), "our own Update");
     }
 
     #[test]
@@ -223,96 +311,5 @@ mod tests {
         n.observe_label("kubernetes.io/hostname", "node-a");
         assert!(n.has(PROFILE, "gb300") && !n.has(PROFILE, "gb200"));
         assert!(!n.is_set("kubernetes.io/hostname") && !n.is_set(GPU_COUNT));
-    }
-
-    /// A node carrying `labels` (key, value), of which we own `ours` through apply.
-    fn node(labels: &[(&str, &str)], ours: &[&str]) -> NodeLabels {
-        let mut n = NodeLabels::default();
-        for (k, v) in labels {
-            n.observe_label(k, v);
-        }
-        for k in ours {
-            n.observe_owner(Some(CONTROLLER_MANAGER), Some("Apply"), k);
-        }
-        n
-    }
-
-    fn set(labels: &[(&str, &str)]) -> BTreeMap<String, String> {
-        labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    /// A case of [`to_apply`]: the labels wanted (`None`: no GpuNode), the node's labels and
-    /// those of them we own, and whether anything is applied.
-    struct Case<'a> {
-        what: &'a str,
-        wanted: Option<&'a [(&'a str, &'a str)]>,
-        labels: &'a [(&'a str, &'a str)],
-        ours: &'a [&'a str],
-        write: bool,
-    }
-
-    /// A node whose labels are already what we want is not written; anything else is.
-    #[test]
-    fn only_a_change_is_applied() {
-        let want = &[(PROFILE, "gb300"), (GPU_COUNT, "4")][..];
-        let both = &[PROFILE, GPU_COUNT][..];
-        let case = |what, wanted, labels, ours, write| Case {
-            what,
-            wanted,
-            labels,
-            ours,
-            write,
-        };
-        let cases = [
-            case("in place, owned", Some(want), want, both, false),
-            case(
-                "in place, not owned by us",
-                Some(want),
-                want,
-                &[PROFILE],
-                true,
-            ),
-            case(
-                "a value differs",
-                Some(want),
-                &[(PROFILE, "h100"), (GPU_COUNT, "4")],
-                both,
-                true,
-            ),
-            case(
-                "a label is missing",
-                Some(want),
-                &[(PROFILE, "gb300")],
-                both,
-                true,
-            ),
-            case(
-                "we own one more",
-                Some(want),
-                want,
-                &[PROFILE, GPU_COUNT, GPU_PRODUCT],
-                true,
-            ),
-            case(
-                "we own an old release's label",
-                Some(want),
-                want,
-                &[PROFILE, GPU_COUNT, "old.mockgpu.io/x"],
-                true,
-            ),
-            case("no GpuNode, ours present", None, want, both, true),
-            case("no GpuNode, nothing of ours", None, want, &[], false),
-            case("no GpuNode, already cleaned", None, &[], &[], false),
-        ];
-        for c in &cases {
-            let got = to_apply(c.wanted.map(set), &node(c.labels, c.ours));
-            assert_eq!(got.is_some(), c.write, "{}: {got:?}", c.what);
-            if let Some(got) = got {
-                assert_eq!(got, c.wanted.map(set).unwrap_or_default(), "{}", c.what);
-            }
-        }
     }
 }

@@ -335,4 +335,132 @@ mod tests {
         assert_eq!(back.holder_identity, None);
         assert_eq!(decide(Some(&back), "b", Duration::ZERO), Decision::Acquire);
     }
+
+    /// The lease's writes against a mocked API server.
+    mod writes {
+        use serde_json::{Value, json};
+
+        use super::*;
+        use crate::mock_api::{Sent, api_server, requests, status};
+
+        const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/mockgpu/leases";
+        const LEASE: &str =
+            "/apis/coordination.k8s.io/v1/namespaces/mockgpu/leases/mockgpu-controller";
+        const PUT: &str =
+            "/apis/coordination.k8s.io/v1/namespaces/mockgpu/leases/mockgpu-controller?";
+
+        fn lease(holder: &str) -> Value {
+            json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "mockgpu-controller", "namespace": "mockgpu",
+                             "resourceVersion": "5"},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                         "leaseTransitions": 1},
+            })
+        }
+
+        /// An elector of `replica-0` against a server holding a lease of `holder` (`None`: none)
+        /// at resource version 5, whose writes are answered `write` (`None`: the object
+        /// written back).
+        fn elector(
+            holder: Option<&'static str>,
+            write: Option<u16>,
+        ) -> (Elector, crate::mock_api::Server) {
+            let (client, server) = api_server(move |s: &Sent| match (&*s.method, holder, write) {
+                ("GET", Some(h), _) => (200, lease(h)),
+                ("GET", None, _) => status(404, "NotFound"),
+                (_, _, Some(code)) => status(code, "Conflict"),
+                ("POST", ..) => (201, s.body.clone()),
+                _ => (200, s.body.clone()),
+            });
+            let api = Api::namespaced(client, "mockgpu");
+            let e = Elector::new(api, "mockgpu-controller", "replica-0", Timing::default());
+            (e, server)
+        }
+
+        /// The lease's holder and transitions in a written body.
+        fn holder(s: &Sent) -> (Value, Value) {
+            let spec = &s.body["spec"];
+            (
+                spec["holderIdentity"].clone(),
+                spec["leaseTransitions"].clone(),
+            )
+        }
+
+        /// One step of the election against [`elector`]`(holder, write)`: its outcome and what
+        /// was sent.
+        async fn step(
+            holder: Option<&'static str>,
+            write: Option<u16>,
+        ) -> (Result<bool, LeaseError>, Vec<Sent>) {
+            let (mut e, server) = elector(holder, write);
+            let r = e.step().await;
+            drop(e);
+            (r, server.sent().await)
+        }
+
+        /// No lease yet: it is created, held by us.
+        #[tokio::test]
+        async fn a_missing_lease_is_created() {
+            let (r, sent) = step(None, None).await;
+            assert!(r.unwrap());
+            let post = format!("{LEASES}?");
+            assert_eq!(requests(&sent), [("GET", LEASE), ("POST", &*post)]);
+            assert_eq!(sent[1].body["metadata"]["name"], "mockgpu-controller");
+            assert_eq!(holder(&sent[1]), (json!("replica-0"), json!(1)));
+        }
+
+        /// Our lease is renewed by a replace at the version read (a race with another replica
+        /// fails it); a conflict means another replica wrote first: we do not lead.
+        #[tokio::test]
+        async fn our_lease_is_renewed_at_the_version_read() {
+            for (write, leads) in [(None, true), (Some(409), false)] {
+                let (r, sent) = step(Some("replica-0"), write).await;
+                assert_eq!(r.unwrap(), leads, "{write:?}");
+                assert_eq!(requests(&sent), [("GET", LEASE), ("PUT", PUT)]);
+                assert_eq!(sent[1].body["metadata"]["resourceVersion"], "5");
+                assert_eq!(holder(&sent[1]), (json!("replica-0"), json!(1)));
+            }
+        }
+
+        /// Any other error writing the lease is an error of the step.
+        #[tokio::test]
+        async fn a_failed_renewal_is_an_error() {
+            let (r, sent) = step(Some("replica-0"), Some(500)).await;
+            assert!(
+                matches!(&r, Err(LeaseError::Api { name, source: kube::Error::Api(s) })
+                    if name == "mockgpu-controller" && s.code == 500),
+                "{r:?}"
+            );
+            assert_eq!(requests(&sent), [("GET", LEASE), ("PUT", PUT)]);
+        }
+
+        /// A lease another replica holds, freshly seen, is not written.
+        #[tokio::test]
+        async fn another_replicas_lease_is_left_alone() {
+            let (mut e, server) = elector(Some("replica-1"), None);
+            assert!(!e.step().await.unwrap());
+            e.release().await.unwrap();
+            drop(e);
+            let sent = server.sent().await;
+            assert!(
+                sent.iter().all(|s| s.method == "GET"),
+                "{:?}",
+                requests(&sent)
+            );
+        }
+
+        /// On stopping, the holder hands the lease back: no holder, one second.
+        #[tokio::test]
+        async fn our_lease_is_released() {
+            let (e, server) = elector(Some("replica-0"), None);
+            e.release().await.unwrap();
+            drop(e);
+            let sent = server.sent().await;
+            assert_eq!(requests(&sent), [("GET", LEASE), ("PUT", PUT)]);
+            assert_eq!(sent[1].body["metadata"]["resourceVersion"], "5");
+            assert_eq!(holder(&sent[1]), (Value::Null, json!(1)));
+            assert_eq!(sent[1].body["spec"]["leaseDurationSeconds"], 1);
+        }
+    }
 }

@@ -6,9 +6,12 @@ pub mod crd;
 pub mod labels;
 pub mod lease;
 pub mod metrics;
+#[cfg(test)]
+mod mock_api;
 pub mod plan;
 pub mod reconcile;
 pub mod run;
 pub mod slim;
 pub mod slurm;
 pub mod slurmrestd;
+pub mod write;

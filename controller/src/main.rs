@@ -112,7 +112,6 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crd => print!("{}", mockgpu_controller::crd::yaml()?),
         Command::Run(args) => {
-            fixed_mmap_threshold();
             // one thread: the controller waits on the API server mostly; on two workers, half
             // of a full resync's CPU went to switching threads (bench/README.md)
             tokio::runtime::Builder::new_current_thread()
@@ -143,19 +142,6 @@ fn main() -> anyhow::Result<()> {
             .block_on(slurm_delete_node(a))?,
     }
     Ok(())
-}
-
-/// Keeps glibc's malloc from raising its mmap threshold. By default a freed mmapped block raises
-/// it to that block's size (up to 32 MiB): after the first lists' response buffers (megabytes
-/// each) every later buffer that size comes from the heap instead, and the holes it leaves behind
-/// keep the resident memory up long after (a resync of 5,000 GpuNodes: ~8 MB). At the default's
-/// starting value, fixed, big buffers stay mmapped and go back to the system when freed.
-fn fixed_mmap_threshold() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets a tunable of the allocator; no other thread runs yet.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-    }
 }
 
 /// A client from `kubeconfig`, else the in-cluster service account or the default kubeconfig.

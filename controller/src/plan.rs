@@ -9,8 +9,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use mockgpu_api::Mode;
 use mockgpu_api::gpunode::condition;
 
-use crate::labels::{self, NodeLabels};
-use crate::slim::{GpuPod, PodRef, SeenCondition, SlimContainer, SlimGpuNode, SlimPod, SlurmdPod};
+use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, NodeLabels, PCI_NVIDIA, PROFILE};
+use crate::slim::{SlimContainer, SlimGpuNode, SlimPod};
 
 /// What the decision depends on besides the objects.
 #[derive(Debug, Clone)]
@@ -33,9 +33,9 @@ pub struct Input<'a> {
     /// The node's labels of ours and who owns them; `None` when the Node is gone.
     pub node: Option<&'a NodeLabels>,
     /// The slurmd pods on the node.
-    pub slurmd_pods: &'a [&'a SlurmdPod],
+    pub slurmd_pods: &'a [&'a SlimPod],
     /// The pods on the node (those requesting GPUs are looked at).
-    pub pods: &'a [&'a GpuPod],
+    pub pods: &'a [&'a SlimPod],
     /// The time of the decision.
     pub now: Timestamp,
     /// Settings.
@@ -89,8 +89,8 @@ pub fn plan(input: &Input<'_>) -> Plan {
         .gpunode
         .filter(|g| g.metadata.deletion_timestamp.is_none());
     let labels = input.node.and_then(|node| {
-        let wanted = gpunode.map(|g| labels::wanted(g, node));
-        labels::to_apply(wanted, node)
+        let wanted = gpunode.map(|g| wanted_labels(g, node));
+        labels_to_apply(wanted, node)
     });
     let Some(g) = gpunode else {
         return Plan {
@@ -121,11 +121,11 @@ pub fn plan(input: &Input<'_>) -> Plan {
         }
         let actions = drifted
             .iter()
-            .map(|pod| pod_action(&pod.id, condition::DRIFTED))
+            .map(|pod| pod_action(pod, condition::DRIFTED))
             .chain(
                 missing
                     .iter()
-                    .map(|(pod, _)| pod_action(&pod.id, condition::INJECTION_MISSING)),
+                    .map(|(pod, _)| pod_action(pod, condition::INJECTION_MISSING)),
             );
         for a in actions {
             if !p.delete_pods.iter().any(|b| b.uid == a.uid) {
@@ -144,7 +144,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
     for mut c in wanted {
         let old = current.iter().find(|o| o.type_ == c.type_);
         match old {
-            Some(o) if o.status == Some(c.status.as_str()) => {
+            Some(o) if o.status == c.status => {
                 c.last_transition_time = o.last_transition_time.clone()
             }
             _ if c.status == "True" => p.notices.push(Notice {
@@ -153,14 +153,29 @@ pub fn plan(input: &Input<'_>) -> Plan {
             }),
             _ => {}
         }
-        // all but the transition time (kept above while the status holds)
-        changed |= old.is_none_or(|o| o.digest != SeenCondition::digest(&c));
+        changed |= old.is_none_or(|o| !unchanged(o, &c));
         next.push(c);
     }
     if changed {
         p.conditions = Some(next);
     }
     p
+}
+
+/// Whether condition `new` would change nothing of `old`: all but the transition time (kept while
+/// the status holds) is the same.
+fn unchanged(old: &Condition, new: &Condition) -> bool {
+    (
+        &old.status,
+        &old.reason,
+        &old.message,
+        old.observed_generation,
+    ) == (
+        &new.status,
+        &new.reason,
+        &new.message,
+        new.observed_generation,
+    )
 }
 
 /// The event reason of a condition that became true.
@@ -232,7 +247,7 @@ impl<'a> Ctx<'a> {
 
     /// The slurmd pods that started before the current topology was first reported: their
     /// slurmd registered other GPUs.
-    fn drifted(&self) -> Vec<&'a SlurmdPod> {
+    fn drifted(&self) -> Vec<&'a SlimPod> {
         let Some(since) = self
             .g
             .status
@@ -245,12 +260,12 @@ impl<'a> Ctx<'a> {
             .slurmd_pods
             .iter()
             .copied()
-            .filter(|p| !p.id.deleting)
+            .filter(|p| !p.deleting())
             .filter(|p| p.started.is_some_and(|t| t < since.0))
             .collect()
     }
 
-    fn drifted_condition(&self, drifted: &[&SlurmdPod]) -> Condition {
+    fn drifted_condition(&self, drifted: &[&SlimPod]) -> Condition {
         if drifted.is_empty() {
             let msg = "no slurmd pod on the node predates its topology".into();
             return self.condition(condition::DRIFTED, "False", "InSync", msg);
@@ -262,7 +277,7 @@ impl<'a> Ctx<'a> {
             .and_then(|s| s.topology_since.as_ref());
         let msg = format!(
             "slurmd pod(s) {} started before the topology changed ({})",
-            names(drifted.iter().map(|p| pod_name(&p.id))),
+            names(drifted.iter().map(|p| pod_name(p))),
             since.map(|t| t.0.to_string()).unwrap_or_default()
         );
         self.condition(condition::DRIFTED, "True", "TopologyChanged", msg)
@@ -275,7 +290,7 @@ impl<'a> Ctx<'a> {
         &self,
         stale: bool,
         requeue: &mut Option<Duration>,
-    ) -> Vec<(&'a GpuPod, &'a str)> {
+    ) -> Vec<(&'a SlimPod, &'a str)> {
         if stale || self.g.spec.mode != Mode::Mock {
             return Vec::new();
         }
@@ -288,13 +303,13 @@ impl<'a> Ctx<'a> {
         let grace = signed(self.input.settings.injection_grace);
         let mut out = Vec::new();
         for pod in self.input.pods.iter().copied() {
-            if pod.id.deleting {
+            if pod.deleting() {
                 continue;
             }
             for (container, since) in gpu_containers(pod, &self.input.settings.gpu_resource) {
                 if pinning
                     .iter()
-                    .any(|p| p.pod_uid == pod.id.uid() && p.container == container)
+                    .any(|p| p.pod_uid == pod.uid() && p.container == container)
                 {
                     continue;
                 }
@@ -308,7 +323,7 @@ impl<'a> Ctx<'a> {
         out
     }
 
-    fn missing_condition(&self, missing: &[(&GpuPod, &str)], stale: bool) -> Condition {
+    fn missing_condition(&self, missing: &[(&SlimPod, &str)], stale: bool) -> Condition {
         if self.g.spec.mode != Mode::Mock {
             return self.condition(
                 condition::INJECTION_MISSING,
@@ -327,11 +342,7 @@ impl<'a> Ctx<'a> {
         }
         let msg = format!(
             "running GPU container(s) without mockgpu's files: {}",
-            names(
-                missing
-                    .iter()
-                    .map(|(p, c)| format!("{}/{c}", pod_name(&p.id)))
-            )
+            names(missing.iter().map(|(p, c)| format!("{}/{c}", pod_name(p))))
         );
         self.condition(condition::INJECTION_MISSING, "True", "NotInjected", msg)
     }
@@ -352,7 +363,7 @@ fn requeue_at(requeue: &mut Option<Duration>, now: Timestamp, at: Timestamp) {
 
 /// The pod's running containers that request `resource`, with their start times.
 fn gpu_containers<'p>(
-    pod: &'p GpuPod,
+    pod: &'p SlimPod,
     resource: &str,
 ) -> impl Iterator<Item = (&'p str, Timestamp)> {
     pod.containers
@@ -373,18 +384,18 @@ fn asks_for(c: &SlimContainer, resource: &str) -> bool {
 
 /// The name a slurmd pod on `node` registered under in Slurm: slurmd's default, the host name
 /// (the Kubernetes node's on the host network, otherwise the pod's `hostname` or name).
-pub fn slurm_node_name(pod: &SlurmdPod, node: &str) -> String {
+pub fn slurm_node_name(pod: &SlimPod, node: &str) -> String {
     if pod.host_network {
         return node.to_string();
     }
-    pod.hostname.as_deref().unwrap_or(pod.id.name()).to_string()
+    pod.hostname.as_deref().unwrap_or(pod.name()).to_string()
 }
 
-fn pod_name(pod: &PodRef) -> String {
+fn pod_name(pod: &SlimPod) -> String {
     format!("{}/{}", pod.namespace(), pod.name())
 }
 
-fn pod_action(pod: &PodRef, why: &'static str) -> PodAction {
+fn pod_action(pod: &SlimPod, why: &'static str) -> PodAction {
     PodAction {
         namespace: pod.namespace().into(),
         name: pod.name().into(),
@@ -395,6 +406,59 @@ fn pod_action(pod: &PodRef, why: &'static str) -> PodAction {
 
 fn names(items: impl Iterator<Item = String>) -> String {
     items.collect::<Vec<_>>().join(", ")
+}
+
+/// The labels a node with GpuNode `g` should carry from us. A real-mode node gets only the
+/// profile: the NVIDIA GPU stack labels real GPUs itself.
+fn wanted_labels(g: &SlimGpuNode, node: &NodeLabels) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::from([(PROFILE.to_string(), label_value(&g.spec.profile))]);
+    if g.spec.mode == Mode::Real {
+        return out;
+    }
+    out.insert(GPU_COUNT.into(), g.spec.gpu_count.to_string());
+    if let Some(model) = &g.spec.model {
+        out.insert(GPU_PRESENT.into(), "true".into());
+        out.insert(GPU_PRODUCT.into(), label_value(model));
+        if !node.owned_by_another(PCI_NVIDIA) {
+            out.insert(PCI_NVIDIA.into(), "true".into());
+        }
+    }
+    out
+}
+
+/// What to apply to a node: `None` leaves it alone (our labels are in place with exactly the
+/// wanted values and keys, or there is no GpuNode and no label of ours), `Some(set)` applies
+/// `set` (empty: removes ours) with our field manager.
+pub fn labels_to_apply(
+    wanted: Option<BTreeMap<String, String>>,
+    node: &NodeLabels,
+) -> Option<BTreeMap<String, String>> {
+    let want = match wanted {
+        Some(w) => w,
+        None if node.ours().next().is_none() => return None,
+        None => BTreeMap::new(),
+    };
+    let in_place = want.iter().all(|(k, v)| node.has(k, v));
+    (!(in_place && node.ours_are(want.keys()))).then_some(want)
+}
+
+/// A label value from free text: characters other than letters, digits, `-`, `_`, `.` become
+/// `-`, at most 63 characters, starting and ending with a letter or digit.
+fn label_value(text: &str) -> String {
+    let mapped: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    mapped
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
 }
 
 #[cfg(test)]
@@ -408,10 +472,10 @@ mod tests {
     use mockgpu_api::{GpuNode, GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning};
 
     use super::*;
-    use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, PCI_NVIDIA, PROFILE};
-    use crate::slim::SlimNode;
+    use crate::labels::NodeMeta;
+    use crate::labels::tests::node_json as node;
     // node(owners, labels): node-a, with managed-fields entries of (manager, operation, keys)
-    use crate::slim::tests::{node_json as node, slim, slim_pod};
+    use crate::slim::tests::{slim, slim_pod};
 
     /// Seconds after an arbitrary origin.
     fn t(secs: i64) -> Timestamp {
@@ -458,7 +522,7 @@ mod tests {
     }
 
     /// The node as we leave it: our labels in place, owned by us.
-    fn labelled_node() -> SlimNode {
+    fn labelled_node() -> NodeMeta {
         let ours = [
             (PROFILE, "gb300"),
             (GPU_PRESENT, "true"),
@@ -523,7 +587,7 @@ mod tests {
 
     struct Case<'a> {
         gpunode: Option<&'a GpuNode>,
-        node: Option<&'a SlimNode>,
+        node: Option<&'a NodeMeta>,
         slurmd: Vec<&'a Pod>,
         pods: Vec<&'a Pod>,
         now: i64,
@@ -532,11 +596,11 @@ mod tests {
 
     /// The plan of `c`, its objects as the caches keep them.
     fn run(c: &Case<'_>) -> Plan {
-        let slurmd: Vec<SlurmdPod> = c.slurmd.iter().map(|p| (&slim_pod(p)).into()).collect();
-        let pods: Vec<GpuPod> = c.pods.iter().map(|p| (&slim_pod(p)).into()).collect();
+        let slurmd: Vec<SlimPod> = c.slurmd.iter().map(|p| slim_pod(p)).collect();
+        let pods: Vec<SlimPod> = c.pods.iter().map(|p| slim_pod(p)).collect();
         plan(&Input {
             gpunode: c.gpunode.map(slim).as_ref(),
-            node: c.node.map(|n| &n.labels),
+            node: c.node.map(|n| NodeLabels::of(&n.metadata)).as_ref(),
             slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
             pods: &pods.iter().collect::<Vec<_>>(),
             now: t(c.now),
@@ -544,7 +608,7 @@ mod tests {
         })
     }
 
-    fn case<'a>(g: Option<&'a GpuNode>, n: Option<&'a SlimNode>) -> Case<'a> {
+    fn case<'a>(g: Option<&'a GpuNode>, n: Option<&'a NodeMeta>) -> Case<'a> {
         Case {
             gpunode: g,
             node: n,
@@ -583,6 +647,56 @@ mod tests {
         let mut g = g.clone();
         g.status.as_mut().unwrap().conditions = p.conditions.clone().unwrap();
         g
+    }
+
+    /// A change is told by all but the transition time; an odd status is none of ours.
+    #[test]
+    fn a_condition_change_is_all_but_its_transition_time() {
+        let c = Condition {
+            type_: condition::DRIFTED.into(),
+            status: "True".into(),
+            reason: "R".into(),
+            message: "m".into(),
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            observed_generation: Some(2),
+        };
+        let same = Condition {
+            last_transition_time: Time(Timestamp::from_second(1).unwrap()),
+            ..c.clone()
+        };
+        assert!(unchanged(&c, &same));
+        let changes = [
+            Condition {
+                status: "False".into(),
+                ..c.clone()
+            },
+            Condition {
+                reason: "Other".into(),
+                ..c.clone()
+            },
+            Condition {
+                message: "m2".into(),
+                ..c.clone()
+            },
+            Condition {
+                observed_generation: Some(3),
+                ..c.clone()
+            },
+        ];
+        for changed in &changes {
+            assert!(!unchanged(&c, changed), "{changed:?}");
+        }
+        let odd = Condition {
+            status: "Maybe".into(),
+            ..c.clone()
+        };
+        for status in ["True", "False", "Unknown"] {
+            let ours = Condition {
+                status: status.into(),
+                ..c.clone()
+            };
+            assert!(!unchanged(&odd, &ours), "{status}");
+        }
     }
 
     #[test]
@@ -844,5 +958,109 @@ mod tests {
             Some([(PROFILE.to_string(), "real".to_string())].into())
         );
         assert_eq!(conds(&p)[2], c3("", "", "False:NotMocked")[2].clone());
+    }
+}
+
+/// The label decisions.
+#[cfg(test)]
+mod label_tests {
+    use mockgpu_api::gpunode::CONTROLLER_MANAGER;
+
+    use super::*;
+    use crate::labels::tests::node_json;
+
+    #[test]
+    fn label_values_are_valid() {
+        assert_eq!(label_value("NVIDIA GB300"), "NVIDIA-GB300");
+        assert_eq!(
+            label_value("NVIDIA H100 80GB HBM3"),
+            "NVIDIA-H100-80GB-HBM3"
+        );
+        assert_eq!(label_value(" (odd) "), "odd");
+        assert_eq!(label_value(&"x".repeat(80)).len(), 63);
+    }
+
+    /// A node carrying `labels` (key, value), of which we own `ours` through apply.
+    fn node(labels: &[(&str, &str)], ours: &[&str]) -> NodeLabels {
+        NodeLabels::of(&node_json(&[(CONTROLLER_MANAGER, "Apply", ours)], labels).metadata)
+    }
+
+    fn set(labels: &[(&str, &str)]) -> BTreeMap<String, String> {
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// A case of [`labels_to_apply`]: the labels wanted (`None`: no GpuNode), the node's labels and
+    /// those of them we own, and whether anything is applied.
+    struct Case<'a> {
+        what: &'a str,
+        wanted: Option<&'a [(&'a str, &'a str)]>,
+        labels: &'a [(&'a str, &'a str)],
+        ours: &'a [&'a str],
+        write: bool,
+    }
+
+    /// A node whose labels are already what we want is not written; anything else is.
+    #[test]
+    fn only_a_change_is_applied() {
+        let want = &[(PROFILE, "gb300"), (GPU_COUNT, "4")][..];
+        let both = &[PROFILE, GPU_COUNT][..];
+        let case = |what, wanted, labels, ours, write| Case {
+            what,
+            wanted,
+            labels,
+            ours,
+            write,
+        };
+        let cases = [
+            case("in place, owned", Some(want), want, both, false),
+            case(
+                "in place, not owned by us",
+                Some(want),
+                want,
+                &[PROFILE],
+                true,
+            ),
+            case(
+                "a value differs",
+                Some(want),
+                &[(PROFILE, "h100"), (GPU_COUNT, "4")],
+                both,
+                true,
+            ),
+            case(
+                "a label is missing",
+                Some(want),
+                &[(PROFILE, "gb300")],
+                both,
+                true,
+            ),
+            case(
+                "we own one more",
+                Some(want),
+                want,
+                &[PROFILE, GPU_COUNT, GPU_PRODUCT],
+                true,
+            ),
+            case(
+                "we own an old release's label",
+                Some(want),
+                want,
+                &[PROFILE, GPU_COUNT, "old.mockgpu.io/x"],
+                true,
+            ),
+            case("no GpuNode, ours present", None, want, both, true),
+            case("no GpuNode, nothing of ours", None, want, &[], false),
+            case("no GpuNode, already cleaned", None, &[], &[], false),
+        ];
+        for c in &cases {
+            let got = labels_to_apply(c.wanted.map(set), &node(c.labels, c.ours));
+            assert_eq!(got.is_some(), c.write, "{}: {got:?}", c.what);
+            if let Some(got) = got {
+                assert_eq!(got, c.wanted.map(set).unwrap_or_default(), "{}", c.what);
+            }
+        }
     }
 }

@@ -1,6 +1,6 @@
-//! The executor: two controllers that look up what [`plan`] needs in their caches, carry out its
-//! [`Plan`] against the API server (and Slurm), and record an Event per action. Nothing is written
-//! that is already in place: a (re)start on a cluster as the plan wants it writes nothing.
+//! The reconciles: two controllers that look up what [`plan`] needs in their caches and have
+//! [`write`](crate::write) carry out its [`Plan`](crate::plan::Plan). Nothing is written that is
+//! already in place: a (re)start on a cluster as the plan wants it writes nothing.
 //!
 //! - On GpuNodes (kube-runtime's `Controller`, also triggered by their Nodes, slurmd pods and GPU
 //!   pods): labels, conditions, remediation.
@@ -15,45 +15,28 @@ use std::time::{Duration, Instant};
 use futures::channel::{mpsc, oneshot};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{self, Action, Error as ControllerError};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use mockgpu_api::gpunode::{CONTROLLER_MANAGER, condition};
-use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::labels;
-use crate::labels::NodeLabels;
-use crate::metrics::{ActionLabels, Metrics};
-use crate::plan::{self, Input, Plan, Settings, requests_resource};
-use crate::slim::{GpuPod, NodeCache, PodCache, SlimGpuNode, SlimNode, SlimPod, SlurmdPod};
-use crate::slurm::{NodeDeleted, SlurmNodes};
+use crate::labels::{NodeLabels, NodeMeta};
+use crate::metrics::Metrics;
+use crate::plan::{self, Input, Settings, requests_resource};
+use crate::slim::{PodsByNode, SlimGpuNode, SlimPod};
+use crate::slurm::SlurmNodes;
+use crate::write::{WriteError, Writer};
 
 /// A failed reconcile (retried after [`RETRY`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    /// An API request failed.
-    #[error("{what}: {source}")]
-    Kube {
-        /// The request, in words.
-        what: String,
-        /// The error.
-        source: kube::Error,
-    },
-    /// Deleting a Slurm node record failed (its slurmd pods are left running).
-    #[error("deleting Slurm node {node}: {source}")]
-    Slurm {
-        /// The Slurm node.
-        node: String,
-        /// The error.
-        source: crate::slurm::SlurmError,
-    },
+    /// A write failed.
+    #[error(transparent)]
+    Write(#[from] WriteError),
     /// A cache's watcher went away (the controller is stopping).
     #[error("a watch cache was dropped")]
     CacheGone,
@@ -80,30 +63,35 @@ fn controller_config() -> controller::Config {
 
 /// What both controllers share.
 pub struct Context<S> {
-    client: Client,
+    writer: Writer<S>,
     settings: Settings,
-    slurm: Option<Arc<S>>,
-    recorder: Recorder,
     metrics: Metrics,
-    nodes: NodeCache,
-    slurmd: PodCache<SlurmdPod>,
-    pods: PodCache<GpuPod>,
+    nodes: Store<NodeMeta>,
+    slurmd: PodsByNode,
+    pods: PodsByNode,
     /// The three caches above have had their first list.
     synced: Synced,
 }
 
 /// Resolves once some caches have had their first list, for any number of waiters.
 ///
-/// `Store::wait_until_ready` wakes only the last of several concurrent waiters (a oneshot
-/// underneath), and kube-runtime's `Controller` waits on its own store that way: so the caches'
-/// first lists are signalled by their event streams instead ([`first_list`]), one shared wait
-/// per cache, which wakes every waiter.
+/// `Store::wait_until_ready` wakes only the last of several concurrent waiters (kube-runtime
+/// 5.0: a oneshot receiver underneath, which keeps one waker): so each store is waited on once,
+/// and that wait shared ([`Synced::of`]). kube-runtime's `Controller` waits on its own store
+/// itself, so the first lists of the GpuNodes and Nodes (the sweep's) are told by their event
+/// streams instead ([`first_list`]).
 #[derive(Clone)]
 struct Synced(Shared<BoxFuture<'static, bool>>);
 
 impl Synced {
     fn new(all: impl Future<Output = bool> + Send + 'static) -> Self {
         Self(all.boxed().shared())
+    }
+
+    /// Resolves once `store` has had its first list (false if its writer is dropped before);
+    /// the store must have no other waiter.
+    fn of<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static>(store: Store<K>) -> Self {
+        Self::new(async move { store.wait_until_ready().await.is_ok() })
     }
 
     /// Resolves once every one of `parts` has.
@@ -152,6 +140,20 @@ where
     (events, Synced::new(async move { rx.await.is_ok() }))
 }
 
+/// A cache of the pods of watch `events` (kube-runtime's store, indexed by node), the events
+/// passed through after it, and its first list.
+fn pod_cache<S>(events: S) -> (impl Stream<Item = S::Item> + Send, PodsByNode, Synced)
+where
+    S: Stream<Item = Result<watcher::Event<SlimPod>, watcher::Error>> + Send,
+{
+    let (store, writer) = reflector::store();
+    let listed = Synced::of(store.clone());
+    let cache = PodsByNode::new(store);
+    let index = cache.clone();
+    let events = reflector::reflector(writer, events).inspect_ok(move |e| index.apply(e));
+    (events, cache, listed)
+}
+
 /// `stream`, started once `synced` resolves.
 fn after<S: Stream + Send + 'static>(synced: Synced, stream: S) -> impl Stream<Item = S::Item> {
     futures::stream::once(async move {
@@ -159,11 +161,6 @@ fn after<S: Stream + Send + 'static>(synced: Synced, stream: S) -> impl Stream<I
         stream
     })
     .flatten()
-}
-
-fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ReconcileError {
-    let what = what.into();
-    move |source| ReconcileError::Kube { what, source }
 }
 
 fn node_of(pod: SlimPod) -> Option<ObjectRef<SlimGpuNode>> {
@@ -174,9 +171,9 @@ fn node_of(pod: SlimPod) -> Option<ObjectRef<SlimGpuNode>> {
 /// pods are those matching the label selector `slurmd_selector`.
 ///
 /// One watch per kind of object, each cached once (only what `plan` reads, see
-/// [`slim`](crate::slim); pods by node, and only GPU pods of all pods), shared by both
-/// controllers. The GpuNodes are listed last, once the other caches are: by then every Node and
-/// pod has triggered its GpuNode, and a (re)start reconciles each GpuNode once.
+/// [`slim`](crate::slim) and [`labels::trim`]; pods by node, and only GPU pods of all pods),
+/// shared by both controllers. The GpuNodes are listed last, once the other caches are: by then
+/// every Node and pod has triggered its GpuNode, and a (re)start reconciles each GpuNode once.
 pub async fn controllers<S: SlurmNodes + 'static>(
     client: Client,
     settings: Settings,
@@ -186,7 +183,8 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     slurmd_selector: &str,
 ) {
     let gpunodes: Api<SlimGpuNode> = Api::all(client.clone());
-    let nodes: Api<SlimNode> = Api::all(client.clone());
+    // metadata only
+    let nodes: Api<NodeMeta> = Api::all(client.clone());
     let pods: Api<SlimPod> = Api::all(client.clone());
     let cfg = watcher::Config::default;
     // the sweep's triggers (Node names): every GpuNode deleted; every Node written that carries
@@ -202,10 +200,11 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     ));
     // each cache is written before its event triggers a reconcile, so a reconcile sees at least
     // what triggered it
-    let node_cache = NodeCache::default();
-    let cache = node_cache.clone();
-    let (node_events, nodes_listed) =
-        first_list(watcher(nodes, cfg()).inspect_ok(move |e| cache.apply(e)));
+    let (node_store, w) = reflector::store();
+    let (node_events, nodes_listed) = first_list(reflector::reflector(
+        w,
+        watcher(nodes, cfg()).modify(|n| labels::trim(&mut n.metadata)),
+    ));
     let (to_sweep, gpunodes, listed) = (
         sweep_tx.clone(),
         gpunode_store.clone(),
@@ -214,40 +213,35 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     let node_events = node_events.inspect_ok(move |e| {
         if let watcher::Event::Apply(n) | watcher::Event::InitApply(n) = e
             && listed.is_done()
+            && orphaned(n, &gpunodes)
         {
-            let name = n.name_any();
-            if orphaned(&name, &n.labels, &gpunodes) {
-                let _ = to_sweep.unbounded_send(name);
-            }
+            let _ = to_sweep.unbounded_send(n.name_any());
         }
     });
     let first_sweep = {
         let (nodes, gpunodes, listed, tx) = (
-            node_cache.clone(),
+            node_store.clone(),
             gpunode_store.clone(),
             gpunodes_listed.clone(),
             sweep_tx.clone(),
         );
         async move {
             if listed.wait().await.is_ok() {
-                for name in nodes.names(|name, n| orphaned(name, &n.labels, &gpunodes)) {
-                    let _ = tx.unbounded_send(name);
+                for n in nodes.state() {
+                    if orphaned(&n, &gpunodes) {
+                        let _ = tx.unbounded_send(n.name_any());
+                    }
                 }
             }
         }
     };
-    let slurmd_cache = PodCache::default();
-    let cache = slurmd_cache.clone();
-    let (slurmd_events, slurmd_listed) = first_list(
-        watcher(pods.clone(), cfg().labels(slurmd_selector)).inspect_ok(move |e| cache.apply(e)),
-    );
+    let (slurmd_events, slurmd_cache, slurmd_listed) =
+        pod_cache(watcher(pods.clone(), cfg().labels(slurmd_selector)));
     let resource = settings.gpu_resource.clone();
-    let pod_cache = PodCache::default();
-    let (cache, keep) = (pod_cache.clone(), resource.clone());
-    let gpu_pods = watcher(pods, cfg())
-        .try_filter(move |e| futures::future::ready(gpu_pod_event(e, &keep)))
-        .inspect_ok(move |e| cache.apply(e));
-    let (pod_events, pods_listed) = first_list(gpu_pods);
+    let keep = resource.clone();
+    let (pod_events, gpu_pod_cache, pods_listed) = pod_cache(
+        watcher(pods, cfg()).try_filter(move |e| futures::future::ready(gpu_pod_event(e, &keep))),
+    );
     let synced = Synced::all(vec![nodes_listed, slurmd_listed, pods_listed]);
     let (gone, to_sweep) = (metrics.clone(), sweep_tx.clone());
     let gpunode_events = gpunode_events.inspect_ok(move |e| {
@@ -261,15 +255,13 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     // its next reconcile is due, do without it
     let gpunode_events = after(synced.clone(), gpunode_events.modify(forget_uid));
     let ctx = Arc::new(Context {
-        client,
+        writer: Writer::new(client, recorder, metrics.clone(), slurm),
         settings,
-        slurm,
-        recorder,
         metrics,
         synced,
-        nodes: node_cache,
+        nodes: node_store.clone(),
         slurmd: slurmd_cache,
-        pods: pod_cache,
+        pods: gpu_pod_cache,
     });
     let main = Controller::for_stream(
         gpunode_events.default_backoff().applied_objects(),
@@ -287,41 +279,21 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     .with_config(controller_config())
     .run(reconcile_gpunode, retry, ctx.clone())
     .for_each(|r| async move { log_result("GpuNode", r) });
-    // the sweep: Nodes whose GpuNode is gone, from the same caches (a failed one is tried again
-    // after RETRY)
-    let sweep_ctx = Arc::new((ctx, gpunode_store, gpunodes_listed.clone()));
-    let sweep = sweep_rx.for_each_concurrent(usize::from(CONCURRENCY), move |name| {
-        let (ctx, again) = (sweep_ctx.clone(), sweep_tx.clone());
-        async move {
-            if let Err(err) = sweep_node(&name, &ctx).await {
-                warn!(%err, node = %name, "Node reconcile failed; retrying in {} s", RETRY.as_secs());
-                tokio::time::sleep(RETRY).await;
-                let _ = again.unbounded_send(name);
-            }
-        }
-    });
-    // the lists' garbage (the decoded pages, a few MB) goes back to the system once they are done
-    let trim = async move {
-        if gpunodes_listed.wait().await.is_ok() {
-            release_free_memory();
-        }
-    };
-    tokio::join!(main, sweep, first_sweep, trim);
+    // the sweep: Nodes whose GpuNode is gone, from the same caches, on the triggers above only
+    // (a failed one is tried again after RETRY)
+    let sweep_ctx = Arc::new((ctx, gpunode_store, gpunodes_listed));
+    let sweep = Controller::for_stream(futures::stream::empty(), node_store)
+        .reconcile_on(sweep_rx.map(|name| ObjectRef::new(&name)))
+        .with_config(controller::Config::default().concurrency(CONCURRENCY))
+        .run(reconcile_node, retry, sweep_ctx)
+        .for_each(|r| async move { log_result("Node", r) });
+    tokio::join!(main, sweep, first_sweep);
 }
 
-/// Returns the heap's free memory to the system (glibc keeps what was freed in its arenas).
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only hands free pages of the heap back; it is thread-safe.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-/// Whether node `name` carries labels of ours (`labels`) but has no GpuNode (in `gpunodes`,
-/// listed).
-fn orphaned(name: &str, labels: &NodeLabels, gpunodes: &Store<SlimGpuNode>) -> bool {
-    labels.ours().next().is_some() && gpunodes.get(&ObjectRef::new(name)).is_none()
+/// Whether Node `n` carries labels of ours but has no GpuNode (in `gpunodes`, listed).
+fn orphaned(n: &NodeMeta, gpunodes: &Store<SlimGpuNode>) -> bool {
+    NodeLabels::of(&n.metadata).ours().next().is_some()
+        && gpunodes.get(&ObjectRef::new(&n.name_any())).is_none()
 }
 
 /// Drops the object's UID.
@@ -352,8 +324,8 @@ where
     events.default_backoff().touched_objects()
 }
 
-/// Logs a failed reconcile. A GpuNode that does not exist (a Node without one, or a deleted
-/// one: the sweep's business) is not a failure.
+/// Logs a failed reconcile. An object that does not exist is not a failure: a GpuNode (a Node
+/// without one, or a deleted one: the sweep's business), or a Node gone before its sweep.
 fn log_result<K: Resource>(
     kind: &str,
     r: Result<(ObjectRef<K>, Action), ControllerError<ReconcileError, watcher::Error>>,
@@ -377,24 +349,24 @@ async fn reconcile_gpunode<S: SlurmNodes>(
     let started = Instant::now();
     ctx.synced.wait().await?;
     let name = g.name_any();
-    let node = ctx.nodes.get(&name);
-    let p = ctx.slurmd.on_node(&name, |slurmd| {
-        ctx.pods.on_node(&name, |pods| {
-            plan::plan(&Input {
-                gpunode: Some(&g),
-                node: node.as_ref().map(|n| &n.labels),
-                slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
-                pods: &pods.iter().collect::<Vec<_>>(),
-                now: Timestamp::now(),
-                settings: &ctx.settings,
-            })
-        })
+    let node = ctx
+        .nodes
+        .get(&ObjectRef::new(&name))
+        .map(|n| NodeLabels::of(&n.metadata));
+    let (slurmd, pods) = (ctx.slurmd.on_node(&name), ctx.pods.on_node(&name));
+    let p = plan::plan(&Input {
+        gpunode: Some(&g),
+        node: node.as_ref(),
+        slurmd_pods: &slurmd.iter().map(|p| &**p).collect::<Vec<_>>(),
+        pods: &pods.iter().map(|p| &**p).collect::<Vec<_>>(),
+        now: Timestamp::now(),
+        settings: &ctx.settings,
     });
     let gone = g.metadata.deletion_timestamp.is_some();
     let held = g.status.as_ref().map_or(0, |s| s.held_gpus);
     ctx.metrics
         .node(&name, (!gone).then_some((g.spec.gpu_count, held)));
-    let result = execute(&ctx, &g, &p).await;
+    let result = ctx.writer.execute(&g, &p).await;
     ctx.metrics
         .reconcile_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -403,228 +375,17 @@ async fn reconcile_gpunode<S: SlurmNodes>(
         .map_or_else(Action::await_change, Action::requeue))
 }
 
-async fn execute<S: SlurmNodes>(
-    ctx: &Context<S>,
-    g: &SlimGpuNode,
-    p: &Plan,
-) -> Result<(), ReconcileError> {
-    let name = g.name_any();
-    let gref = g.object_ref(&());
-    if let Some(labels) = &p.labels {
-        apply_labels(ctx, &name, labels).await?;
-        let (reason, note) = labels_note(labels);
-        ctx.event(&gref, EventType::Normal, reason, note).await;
-    }
-    if let Some(conditions) = &p.conditions {
-        apply_conditions(ctx, &name, conditions).await?;
-    }
-    for n in &p.notices {
-        if n.reason == "Drifted" {
-            ctx.metrics.drifts.inc();
-        }
-        ctx.event(&gref, EventType::Warning, n.reason, n.note.clone())
-            .await;
-    }
-    let mut slurm_done = p.slurm_nodes.is_empty();
-    if !p.slurm_nodes.is_empty() {
-        match &ctx.slurm {
-            None => {
-                let note = "remediation is on but no slurmrestd is configured: the Slurm records \
-                            and slurmd pods are left as they are"
-                    .to_string();
-                ctx.event(&gref, EventType::Warning, "RemediationUnavailable", note)
-                    .await;
-            }
-            Some(slurm) => {
-                for node in &p.slurm_nodes {
-                    delete_slurm_node(ctx, slurm.as_ref(), &gref, node).await?;
-                }
-                slurm_done = true;
-            }
-        }
-    }
-    for a in &p.delete_pods {
-        if a.why == condition::DRIFTED && !slurm_done {
-            continue;
-        }
-        delete_pod(ctx, &gref, a).await?;
-    }
-    Ok(())
-}
-
-fn labels_note(labels: &std::collections::BTreeMap<String, String>) -> (&'static str, String) {
-    if labels.is_empty() {
-        return (
-            "LabelsRemoved",
-            "the node's mockgpu labels were removed".into(),
-        );
-    }
-    let list: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    ("LabelsApplied", format!("node labels: {}", list.join(", ")))
-}
-
-async fn apply_labels<S>(
-    ctx: &Context<S>,
-    node: &str,
-    labels: &std::collections::BTreeMap<String, String>,
-) -> Result<(), ReconcileError> {
-    let nodes: Api<SlimNode> = Api::all(ctx.client.clone());
-    labels::apply(&nodes, node, labels)
-        .await
-        .map_err(kube_err(format!("applying labels to node {node}")))?;
-    ctx.metrics.wrote("node_labels");
-    info!(%node, ?labels, "node labels applied");
-    Ok(())
-}
-
-async fn apply_conditions<S>(
-    ctx: &Context<S>,
-    name: &str,
-    conditions: &[Condition],
-) -> Result<(), ReconcileError> {
-    let api: Api<SlimGpuNode> = Api::all(ctx.client.clone());
-    let patch = json!({
-        "apiVersion": "mockgpu.io/v1alpha1",
-        "kind": "GpuNode",
-        "metadata": {"name": name},
-        "status": {"conditions": conditions},
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(CONTROLLER_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(kube_err(format!("applying conditions to GpuNode {name}")))?;
-    ctx.metrics.wrote("gpunode_conditions");
-    let brief: Vec<String> = conditions
-        .iter()
-        .map(|c| format!("{}={}", c.type_, c.status))
-        .collect();
-    info!(gpunode = %name, conditions = %brief.join(" "), "conditions applied");
-    Ok(())
-}
-
-async fn delete_slurm_node<S: SlurmNodes>(
-    ctx: &Context<S>,
-    slurm: &S,
-    gref: &k8s_openapi::api::core::v1::ObjectReference,
-    node: &str,
-) -> Result<(), ReconcileError> {
-    let labels = |result| ActionLabels {
-        action: "delete_slurm_node",
-        result,
-    };
-    match slurm.delete_node(node).await {
-        Ok(done) => {
-            ctx.metrics.remediation.get_or_create(&labels("ok")).inc();
-            let note = match done {
-                NodeDeleted::Deleted => {
-                    format!("Slurm node {node} deleted: its slurmd registers afresh")
-                }
-                NodeDeleted::AlreadyGone => format!("Slurm node {node} was already gone"),
-            };
-            info!(%node, ?done, "Slurm node record deleted");
-            ctx.event(gref, EventType::Normal, "SlurmNodeDeleted", note)
-                .await;
-            Ok(())
-        }
-        Err(source) => {
-            ctx.metrics
-                .remediation
-                .get_or_create(&labels("error"))
-                .inc();
-            let note = format!("deleting Slurm node {node}: {source}; its slurmd pods are kept");
-            ctx.event(gref, EventType::Warning, "SlurmNodeDeleteFailed", note)
-                .await;
-            Err(ReconcileError::Slurm {
-                node: node.to_string(),
-                source,
-            })
-        }
-    }
-}
-
-async fn delete_pod<S>(
-    ctx: &Context<S>,
-    gref: &k8s_openapi::api::core::v1::ObjectReference,
-    a: &plan::PodAction,
-) -> Result<(), ReconcileError> {
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &a.namespace);
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(a.uid.clone()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    let labels = |result| ActionLabels {
-        action: "delete_pod",
-        result,
-    };
-    let what = format!("deleting pod {}/{} ({})", a.namespace, a.name, a.why);
-    let deleted = match api.delete(&a.name, &params).await {
-        // gone already, or replaced by a pod of another UID: nothing to do
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        r => r.map(drop),
-    };
-    match deleted {
-        Ok(()) => {
-            ctx.metrics.remediation.get_or_create(&labels("ok")).inc();
-            info!(pod = %format!("{}/{}", a.namespace, a.name), why = a.why, "pod deleted");
-            let note = format!(
-                "pod {}/{} deleted ({}): it is recreated afresh",
-                a.namespace, a.name, a.why
-            );
-            ctx.event(gref, EventType::Normal, "PodDeleted", note.clone())
-                .await;
-            let pod_ref = k8s_openapi::api::core::v1::ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                namespace: Some(a.namespace.clone()),
-                name: Some(a.name.clone()),
-                uid: Some(a.uid.clone()),
-                ..Default::default()
-            };
-            ctx.event(&pod_ref, EventType::Normal, "PodDeleted", note)
-                .await;
-            Ok(())
-        }
-        Err(e) => {
-            ctx.metrics
-                .remediation
-                .get_or_create(&labels("error"))
-                .inc();
-            Err(kube_err(what)(e))
-        }
-    }
-}
-
-impl<S> Context<S> {
-    /// Records an Event; a failure is logged, not fatal.
-    async fn event(
-        &self,
-        regarding: &k8s_openapi::api::core::v1::ObjectReference,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
-            secondary: None,
-        };
-        match self.recorder.publish(&ev, regarding).await {
-            Ok(()) => self.metrics.wrote("event"),
-            Err(err) => warn!(%err, %reason, "cannot record an event"),
-        }
-    }
-}
-
 /// The sweep's context: the shared one, the GpuNode cache and its first list.
 type SweepContext<S> = (Arc<Context<S>>, Store<SlimGpuNode>, Synced);
+
+/// The sweep's reconcile of Node `n`.
+async fn reconcile_node<S: SlurmNodes>(
+    n: Arc<NodeMeta>,
+    ctx: Arc<SweepContext<S>>,
+) -> Result<Action, ReconcileError> {
+    sweep_node(&n.name_any(), &ctx).await?;
+    Ok(Action::await_change())
+}
 
 async fn sweep_node<S: SlurmNodes>(
     name: &str,
@@ -636,54 +397,30 @@ async fn sweep_node<S: SlurmNodes>(
         return Ok(());
     }
     // a Node gone is no one's business
-    let Some(node) = ctx.nodes.get(name) else {
+    let Some(node) = ctx.nodes.get(&ObjectRef::new(name)) else {
         debug!(node = %name, "no such Node");
         return Ok(());
     };
     let p = plan::plan(&Input {
         gpunode: None,
-        node: Some(&node.labels),
+        node: Some(&NodeLabels::of(&node.metadata)),
         slurmd_pods: &[],
         pods: &[],
         now: Timestamp::now(),
         settings: &ctx.settings,
     });
     if let Some(labels) = &p.labels {
-        apply_labels(ctx, name, labels).await?;
-        let (reason, note) = labels_note(labels);
-        let nref = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(name.to_string()),
-            uid: node.uid.clone(),
-            ..Default::default()
-        };
-        ctx.event(
-            &nref,
-            EventType::Normal,
-            reason,
-            format!("{note}: its GpuNode is gone"),
-        )
-        .await;
+        ctx.writer
+            .sweep_labels(name, node.metadata.uid.clone(), labels)
+            .await?;
     }
     Ok(())
-}
-
-/// The Event recorder of replica `identity`.
-pub fn recorder(client: Client, identity: &str) -> Recorder {
-    Recorder::new(
-        client,
-        kube::runtime::events::Reporter {
-            controller: CONTROLLER_MANAGER.into(),
-            instance: Some(identity.into()),
-        },
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec, ResourceRequirements};
 
     use crate::slim::tests::slim_pod;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -691,12 +428,20 @@ mod tests {
 
     type Events = mpsc::UnboundedSender<Result<watcher::Event<ConfigMap>, watcher::Error>>;
 
-    /// A reflector over events sent by hand, drained by a task, and its first-list signal.
-    fn cache() -> (Events, Store<ConfigMap>, Synced) {
+    /// A reflector over events sent by hand, drained by a task, and its first-list signal: from
+    /// the store ([`Synced::of`]), or from the events ([`first_list`]).
+    fn cache(of_store: bool) -> (Events, Store<ConfigMap>, Synced) {
         let (tx, rx) = mpsc::unbounded();
         let (store, writer) = reflector::store::<ConfigMap>();
-        let (events, synced) = first_list(reflector::reflector(writer, rx));
-        tokio::spawn(events.for_each(|_| async {}));
+        let events = reflector::reflector(writer, rx);
+        let synced = if of_store {
+            tokio::spawn(events.for_each(|_| async {}));
+            Synced::of(store.clone())
+        } else {
+            let (events, synced) = first_list(events);
+            tokio::spawn(events.for_each(|_| async {}));
+            synced
+        };
         (tx, store, synced)
     }
 
@@ -704,7 +449,12 @@ mod tests {
     /// in the store (a bare `wait_until_ready` wakes only one of them).
     #[tokio::test]
     async fn every_waiter_wakes_on_the_first_list() {
-        let (events, store, synced) = cache();
+        for of_store in [true, false] {
+            every_waiter_wakes(cache(of_store)).await;
+        }
+    }
+
+    async fn every_waiter_wakes((events, store, synced): (Events, Store<ConfigMap>, Synced)) {
         let waiters: Vec<_> = (0..4)
             .map(|_| {
                 let (s, store) = (synced.clone(), store.clone());
@@ -742,8 +492,14 @@ mod tests {
     /// does a wait on several caches of which one fails.
     #[tokio::test]
     async fn a_dropped_cache_fails_the_wait() {
-        let (events, _, synced) = cache();
-        let (other, _, listed) = cache();
+        for of_store in [true, false] {
+            a_dropped_cache_fails(of_store).await;
+        }
+    }
+
+    async fn a_dropped_cache_fails(of_store: bool) {
+        let (events, _, synced) = cache(of_store);
+        let (other, _, listed) = cache(of_store);
         other.unbounded_send(Ok(watcher::Event::Init)).unwrap();
         other.unbounded_send(Ok(watcher::Event::InitDone)).unwrap();
         let both = Synced::all(vec![listed, synced.clone()]);
@@ -790,3 +546,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod writes;

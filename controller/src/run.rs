@@ -13,8 +13,9 @@ use tracing::info;
 use crate::lease::{Elector, Timing};
 use crate::metrics::Metrics;
 use crate::plan::Settings;
-use crate::reconcile::{controllers, recorder};
+use crate::reconcile::controllers;
 use crate::slurm::SlurmNodes;
+use crate::write::recorder;
 
 /// How the controller runs.
 #[derive(Debug, Clone)]

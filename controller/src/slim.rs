@@ -1,27 +1,27 @@
-//! What the controller keeps of the objects it watches: only the fields the decision (`plan`)
-//! reads. serde skips everything else while decoding, so the GPUs' details, most of a pod, the
-//! managed fields and the annotations of thousands of objects are never allocated: a full resync
-//! of a large cluster costs a fraction of the full objects' CPU and memory. Pods are cached by
-//! the node they are bound to, so that a reconcile looks up only its node's.
+//! What the controller keeps of the GpuNodes and pods it watches: only the fields the decision
+//! (`plan`) reads. serde skips everything else while decoding, so the GPUs' details, most of a
+//! pod, the managed fields and the annotations of thousands of objects are never allocated: a
+//! full resync of a large cluster costs a fraction of the full objects' CPU and memory. They are
+//! cached in kube-runtime's stores; pods are also indexed by the node they are bound to
+//! ([`PodsByNode`]), so that a reconcile looks up only its node's. (Nodes are watched as
+//! metadata, trimmed by `labels::trim`.)
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use mockgpu_api::gpunode::condition;
 use mockgpu_api::{GpuNode, Mode};
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-
-use crate::labels::NodeLabels;
 
 /// A GpuNode as the controller caches it.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -68,49 +68,10 @@ pub struct SlimStatus {
     /// The containers holding GPUs.
     #[serde(default)]
     pub pinning: Vec<SlimPinning>,
-    /// The controller's conditions (`Stale`, `Drifted`, `InjectionMissing`), reduced to what
-    /// telling a change needs; the agent's are not kept.
+    /// The controller's conditions (`Stale`, `Drifted`, `InjectionMissing`); the agent's are not
+    /// kept.
     #[serde(default, deserialize_with = "our_conditions")]
-    pub conditions: Vec<SeenCondition>,
-}
-
-/// A condition of ours as the cache keeps it: its type and status, when the status last
-/// changed, and a digest of everything a change is told by (status, reason, message, observed
-/// generation). Compared with the condition the decision would write, it says whether that write
-/// would change anything; the strings themselves are never needed again.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SeenCondition {
-    /// One of [`OUR_CONDITIONS`].
-    pub type_: &'static str,
-    /// `True`, `False` or `Unknown` (`None`: anything else).
-    pub status: Option<&'static str>,
-    /// When the status last changed.
-    pub last_transition_time: Time,
-    /// [`SeenCondition::digest`] of the condition.
-    pub digest: u64,
-}
-
-impl SeenCondition {
-    /// `c` as the cache keeps it, if it is one of ours.
-    pub fn of(c: &Condition) -> Option<Self> {
-        let type_ = OUR_CONDITIONS.into_iter().find(|t| *t == c.type_)?;
-        Some(Self {
-            type_,
-            status: ["True", "False", "Unknown"]
-                .into_iter()
-                .find(|s| *s == c.status),
-            last_transition_time: c.last_transition_time.clone(),
-            digest: Self::digest(c),
-        })
-    }
-
-    /// What a change of `c` is told by (all but its type and transition time), hashed. Digests
-    /// are only compared within one process.
-    pub fn digest(c: &Condition) -> u64 {
-        let mut h = DefaultHasher::new();
-        (&c.status, &c.reason, &c.message, c.observed_generation).hash(&mut h);
-        h.finish()
-    }
+    pub conditions: Vec<Condition>,
 }
 
 /// A container holding GPUs, as far as the decision looks at it.
@@ -130,115 +91,10 @@ pub const OUR_CONDITIONS: [&str; 3] = [
     condition::INJECTION_MISSING,
 ];
 
-/// A Node's metadata as the controller watches it (fetched as `PartialObjectMetadata`): name, UID
-/// and resource version, and of its labels and managed fields only what labelling decides on.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(from = "RawNode")]
-pub struct SlimNode {
-    /// Name, UID and resource version only.
-    pub metadata: ObjectMeta,
-    /// Our labels' values and who owns them.
-    pub labels: NodeLabels,
-}
-
-/// What the Node cache keeps of a Node.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CachedNode {
-    /// The Node's UID (for Events about it).
-    pub uid: Option<String>,
-    /// Our labels' values and who owns them.
-    pub labels: NodeLabels,
-}
-
-/// The Node cache, by name: filled from the Node watch's events as kube-runtime's reflector fills
-/// a store (a list replaces the whole cache at its end), but keeping only a [`CachedNode`] of
-/// each, not an object with its metadata. Clones share it.
-#[derive(Clone, Debug, Default)]
-pub struct NodeCache(Arc<RwLock<Listed<NodesByName>>>);
-
-type NodesByName = HashMap<String, Arc<CachedNode>>;
-
-/// A cache's contents, filled from a watch's events as kube-runtime's reflector fills a store: a
-/// list is gathered aside and replaces the contents at its end.
-#[derive(Debug, Default)]
-struct Listed<M> {
-    current: M,
-    /// A list in progress.
-    listing: Option<M>,
-}
-
-/// How a cache's contents take in a watched object and let go of one.
-trait Contents<K>: Default {
-    fn insert(&mut self, o: &K);
-    fn remove(&mut self, o: &K);
-}
-
-impl<M> Listed<M> {
-    fn apply<K>(&mut self, e: &watcher::Event<K>)
-    where
-        M: Contents<K>,
-    {
-        match e {
-            watcher::Event::Apply(o) => self.current.insert(o),
-            watcher::Event::Delete(o) => self.current.remove(o),
-            watcher::Event::Init => self.listing = Some(M::default()),
-            watcher::Event::InitApply(o) => self.listing.get_or_insert_default().insert(o),
-            watcher::Event::InitDone => self.current = self.listing.take().unwrap_or_default(),
-        }
-    }
-}
-
-/// Applies `e` to the contents behind `lock` (a poisoned lock's contents are still whole: every
-/// change is one map operation).
-fn apply_locked<M: Contents<K>, K>(lock: &RwLock<Listed<M>>, e: &watcher::Event<K>) {
-    lock.write().unwrap_or_else(|p| p.into_inner()).apply(e);
-}
-
-fn read<M>(lock: &RwLock<Listed<M>>) -> std::sync::RwLockReadGuard<'_, Listed<M>> {
-    lock.read().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Contents<SlimNode> for NodesByName {
-    fn insert(&mut self, n: &SlimNode) {
-        let cached = CachedNode {
-            uid: n.metadata.uid.clone(),
-            labels: n.labels.clone(),
-        };
-        let name = n.metadata.name.clone().unwrap_or_default();
-        HashMap::insert(self, name, Arc::new(cached));
-    }
-
-    fn remove(&mut self, n: &SlimNode) {
-        HashMap::remove(self, n.metadata.name.as_deref().unwrap_or_default());
-    }
-}
-
-impl NodeCache {
-    /// Applies a watch event of the Nodes.
-    pub fn apply(&self, e: &watcher::Event<SlimNode>) {
-        apply_locked(&self.0, e);
-    }
-
-    /// Node `name`, if cached.
-    pub fn get(&self, name: &str) -> Option<Arc<CachedNode>> {
-        read(&self.0).current.get(name).cloned()
-    }
-
-    /// The names of the cached Nodes that `pick` picks.
-    pub fn names(&self, mut pick: impl FnMut(&str, &CachedNode) -> bool) -> Vec<String> {
-        read(&self.0)
-            .current
-            .iter()
-            .filter(|(name, n)| pick(name, n))
-            .map(|(name, _)| name.clone())
-            .collect()
-    }
-}
-
-/// A pod as the controller watches it: its metadata for the watch (name, namespace, UID,
-/// resource version, deletion time), the node it is bound to, and what either pod cache keeps
-/// ([`SlurmdPod`], [`GpuPod`]). The rest (the managed fields, most of the spec and status) is
-/// skipped while decoding.
+/// A pod as the controller watches it: its metadata (name, namespace, UID, resource version,
+/// deletion time), the node it is bound to, and what `Drifted`, the Slurm node's name and
+/// `InjectionMissing` read. The rest (the managed fields, most of the spec and status) is skipped
+/// while decoding. Boxed strings and slices here and below: no spare capacity in thousands.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(from = "RawPod")]
 pub struct SlimPod {
@@ -246,8 +102,6 @@ pub struct SlimPod {
     pub metadata: ObjectMeta,
     /// `spec.nodeName` (`None`: not scheduled yet).
     pub node: Option<String>,
-    /// Who it is, and whether it is being deleted.
-    pub id: PodRef,
     /// On the host network.
     pub host_network: bool,
     /// `spec.hostname`.
@@ -258,42 +112,25 @@ pub struct SlimPod {
     pub containers: Box<[SlimContainer]>,
 }
 
-/// Who a cached pod is (for deleting it and Events about it), and whether it is being deleted.
-/// Boxed strings and slices here and below: no spare capacity in thousands of them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodRef {
-    /// `namespace/name/uid`, in one allocation (none of them holds a `/`).
-    key: Box<str>,
-    /// Being deleted (it has a deletion time).
-    pub deleting: bool,
-}
-
-impl PodRef {
-    /// Pod `namespace/name` of `uid`.
-    pub fn new(namespace: &str, name: &str, uid: &str, deleting: bool) -> Self {
-        Self {
-            key: format!("{namespace}/{name}/{uid}").into(),
-            deleting,
-        }
-    }
-
-    fn part(&self, i: usize) -> &str {
-        self.key.splitn(3, '/').nth(i).unwrap_or_default()
-    }
-
+impl SlimPod {
     /// Namespace.
     pub fn namespace(&self) -> &str {
-        self.part(0)
+        self.metadata.namespace.as_deref().unwrap_or_default()
     }
 
     /// Name.
     pub fn name(&self) -> &str {
-        self.part(1)
+        self.metadata.name.as_deref().unwrap_or_default()
     }
 
     /// UID.
     pub fn uid(&self) -> &str {
-        self.part(2)
+        self.metadata.uid.as_deref().unwrap_or_default()
+    }
+
+    /// Being deleted (it has a deletion time).
+    pub fn deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
     }
 }
 
@@ -309,130 +146,77 @@ pub struct SlimContainer {
     pub running_since: Option<Timestamp>,
 }
 
-/// A slurmd pod as its cache keeps it: what `Drifted` and the Slurm node's name read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SlurmdPod {
-    /// Who it is.
-    pub id: PodRef,
-    /// On the host network.
-    pub host_network: bool,
-    /// `spec.hostname`.
-    pub hostname: Option<Box<str>>,
-    /// When its containers started.
-    pub started: Option<Timestamp>,
+/// The pods of one watch, by the node they are bound to: kube-runtime's store, and an index of
+/// its keys by node kept from the same watch events (applied after the store). A pod is indexed
+/// once it is bound (an unscheduled one is of no node's concern) and under that node for good:
+/// the API server never changes a bound pod's `spec.nodeName`. Keys the store no longer holds
+/// are skipped on lookup; the index is rebuilt from the store at the end of every list. Clones
+/// share it.
+#[derive(Clone)]
+pub struct PodsByNode {
+    store: Store<SlimPod>,
+    index: Arc<RwLock<HashMap<String, Vec<ObjectRef<SlimPod>>>>>,
 }
 
-/// A pod asking for GPUs as its cache keeps it: what `InjectionMissing` reads.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GpuPod {
-    /// Who it is.
-    pub id: PodRef,
-    /// Its containers that ask for extended resources.
-    pub containers: Box<[SlimContainer]>,
-}
-
-impl From<&SlimPod> for SlurmdPod {
-    fn from(p: &SlimPod) -> Self {
+impl PodsByNode {
+    /// An index of the pods in `store`.
+    pub fn new(store: Store<SlimPod>) -> Self {
         Self {
-            id: p.id.clone(),
-            host_network: p.host_network,
-            hostname: p.hostname.clone(),
-            started: p.started,
-        }
-    }
-}
-
-impl From<&SlimPod> for GpuPod {
-    fn from(p: &SlimPod) -> Self {
-        Self {
-            id: p.id.clone(),
-            containers: p.containers.clone(),
-        }
-    }
-}
-
-/// What a pod cache keeps of each pod.
-pub trait KeptPod: for<'a> From<&'a SlimPod> {
-    /// Who it is.
-    fn id(&self) -> &PodRef;
-}
-
-impl KeptPod for SlurmdPod {
-    fn id(&self) -> &PodRef {
-        &self.id
-    }
-}
-
-impl KeptPod for GpuPod {
-    fn id(&self) -> &PodRef {
-        &self.id
-    }
-}
-
-/// A pod cache: the pods of one watch as `T`, by the node they are bound to. A pod is cached once
-/// it is bound (an unscheduled one is of no node's concern) and under that node for good: the API
-/// server never changes a bound pod's `spec.nodeName`. Clones share it.
-#[derive(Debug)]
-pub struct PodCache<T>(Arc<RwLock<Listed<PodsByNode<T>>>>);
-
-impl<T> Clone for PodCache<T> {
-    fn clone(&self) -> Self {
-        Self(self.0.clone())
-    }
-}
-
-impl<T> Default for PodCache<T> {
-    fn default() -> Self {
-        Self(Arc::default())
-    }
-}
-
-/// The pods on each node, in place (no `Arc`, and its allocation, for each).
-#[derive(Debug)]
-struct PodsByNode<T>(HashMap<String, Vec<T>>);
-
-impl<T> Default for PodsByNode<T> {
-    fn default() -> Self {
-        Self(HashMap::new())
-    }
-}
-
-impl<T: KeptPod> Contents<SlimPod> for PodsByNode<T> {
-    fn insert(&mut self, p: &SlimPod) {
-        let Some(node) = &p.node else { return };
-        let Some(pods) = self.0.get_mut(node) else {
-            self.0.insert(node.clone(), vec![T::from(p)]);
-            return;
-        };
-        match pods.iter_mut().find(|q| q.id().uid() == p.id.uid()) {
-            Some(q) => *q = T::from(p),
-            None => {
-                pods.reserve_exact(1);
-                pods.push(T::from(p));
-            }
+            store,
+            index: Arc::default(),
         }
     }
 
-    fn remove(&mut self, p: &SlimPod) {
-        let Some(node) = &p.node else { return };
-        if let Some(pods) = self.0.get_mut(node) {
-            pods.retain(|q| q.id().uid() != p.id.uid());
-            if pods.is_empty() {
-                self.0.remove(node);
-            }
-        }
-    }
-}
-
-impl<T: KeptPod> PodCache<T> {
-    /// Applies a watch event of the pods.
+    /// Takes in a watch event, once the store has.
     pub fn apply(&self, e: &watcher::Event<SlimPod>) {
-        apply_locked(&self.0, e);
+        // a poisoned lock's index is still whole: every change is one map operation
+        let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
+        match e {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => insert(&mut index, p),
+            watcher::Event::Delete(p) => {
+                let Some(node) = &p.node else { return };
+                if let Some(keys) = index.get_mut(node) {
+                    keys.retain(|k| *k != key(p));
+                    if keys.is_empty() {
+                        index.remove(node);
+                    }
+                }
+            }
+            watcher::Event::Init => {}
+            watcher::Event::InitDone => {
+                index.clear();
+                for p in self.store.state() {
+                    insert(&mut index, &p);
+                }
+            }
+        }
     }
 
-    /// `f` of the cached pods bound to `node` (the cache is locked for reading meanwhile).
-    pub fn on_node<R>(&self, node: &str, f: impl FnOnce(&[T]) -> R) -> R {
-        f(read(&self.0).current.0.get(node).map_or(&[], Vec::as_slice))
+    /// The cached pods bound to `node` (a key's pod is looked up by name: one recreated under it
+    /// on another node is not this node's).
+    pub fn on_node(&self, node: &str) -> Vec<Arc<SlimPod>> {
+        let index = self.index.read().unwrap_or_else(|p| p.into_inner());
+        index
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.store.get(k))
+            .filter(|p| p.node.as_deref() == Some(node))
+            .collect()
+    }
+}
+
+/// The store's key of `p`.
+fn key(p: &SlimPod) -> ObjectRef<SlimPod> {
+    ObjectRef::new(p.name()).within(p.namespace())
+}
+
+fn insert(index: &mut HashMap<String, Vec<ObjectRef<SlimPod>>>, p: &SlimPod) {
+    let Some(node) = &p.node else { return };
+    let keys = index.entry(node.clone()).or_default();
+    let k = key(p);
+    if !keys.contains(&k) {
+        keys.push(k);
     }
 }
 
@@ -492,79 +276,10 @@ fn first_model<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Err
     d.deserialize_any(First)
 }
 
-fn our_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SeenCondition>, D::Error> {
-    let all = Option::<Vec<Condition>>::deserialize(d)?.unwrap_or_default();
-    Ok(all.iter().filter_map(SeenCondition::of).collect())
-}
-
-/// A `PartialObjectMetadata` of a Node, as decoded before [`SlimNode`] keeps its part.
-#[derive(Deserialize)]
-struct RawNode {
-    metadata: RawNodeMeta,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawNodeMeta {
-    name: Option<String>,
-    uid: Option<String>,
-    resource_version: Option<String>,
-    #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    managed_fields: Option<Vec<RawOwner>>,
-}
-
-/// A managed-fields entry: its manager and operation, and the label keys among its fields.
-#[derive(Deserialize)]
-struct RawOwner {
-    manager: Option<String>,
-    operation: Option<String>,
-    #[serde(rename = "fieldsV1")]
-    fields: Option<RawFields>,
-}
-
-#[derive(Deserialize)]
-struct RawFields {
-    #[serde(rename = "f:metadata")]
-    metadata: Option<RawMetaFields>,
-}
-
-#[derive(Deserialize)]
-struct RawMetaFields {
-    #[serde(rename = "f:labels")]
-    labels: Option<BTreeMap<String, IgnoredAny>>,
-}
-
-impl From<RawNode> for SlimNode {
-    fn from(raw: RawNode) -> Self {
-        let m = raw.metadata;
-        let mut labels = NodeLabels::default();
-        for (k, v) in m.labels.iter().flatten() {
-            labels.observe_label(k, v);
-        }
-        for o in m.managed_fields.iter().flatten() {
-            let keys = o
-                .fields
-                .as_ref()
-                .and_then(|f| f.metadata.as_ref()?.labels.as_ref())
-                .into_iter()
-                .flat_map(|l| l.keys())
-                .filter_map(|k| k.strip_prefix("f:"));
-            for key in keys {
-                labels.observe_owner(o.manager.as_deref(), o.operation.as_deref(), key);
-            }
-        }
-        SlimNode {
-            metadata: ObjectMeta {
-                name: m.name,
-                uid: m.uid,
-                resource_version: m.resource_version,
-                ..ObjectMeta::default()
-            },
-            labels,
-        }
-    }
+fn our_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Condition>, D::Error> {
+    let mut all = Option::<Vec<Condition>>::deserialize(d)?.unwrap_or_default();
+    all.retain(|c| OUR_CONDITIONS.contains(&c.type_.as_str()));
+    Ok(all)
 }
 
 /// A pod as decoded before [`SlimPod`] keeps its part.
@@ -681,12 +396,6 @@ impl From<RawPod> for SlimPod {
             .collect::<Vec<_>>()
             .into();
         SlimPod {
-            id: PodRef::new(
-                m.namespace.as_deref().unwrap_or_default(),
-                m.name.as_deref().unwrap_or_default(),
-                m.uid.as_deref().unwrap_or_default(),
-                m.deletion_timestamp.is_some(),
-            ),
             metadata: m,
             node: spec.node_name,
             host_network: spec.host_network.unwrap_or(false),
@@ -699,14 +408,11 @@ impl From<RawPod> for SlimPod {
 
 /// `Resource` for `$slim`, a slim form of `$full`: the same kind, group, version and plural.
 macro_rules! resource_of {
-    ($slim:ty, $full:ty, metadata_api: $metadata_api:expr) => {
+    ($slim:ty, $full:ty) => {
         impl Resource for $slim {
             type DynamicType = ();
             type Scope = <$full as Resource>::Scope;
 
-            fn metadata_api() -> bool {
-                $metadata_api
-            }
             fn kind(dt: &()) -> Cow<'_, str> {
                 <$full>::kind(dt)
             }
@@ -729,20 +435,16 @@ macro_rules! resource_of {
     };
 }
 
-resource_of!(SlimGpuNode, GpuNode, metadata_api: false);
-// metadata only (`PartialObjectMetadata`): the API server sends no spec or status
-resource_of!(SlimNode, Node, metadata_api: true);
-resource_of!(SlimPod, Pod, metadata_api: false);
+resource_of!(SlimGpuNode, GpuNode);
+resource_of!(SlimPod, Pod);
 
 #[cfg(test)]
 pub(crate) mod tests {
     use k8s_openapi::jiff::Timestamp;
-    use mockgpu_api::gpunode::AGENT_MANAGER;
     use mockgpu_api::{GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning};
     use serde_json::json;
 
     use super::*;
-    use crate::labels::{GPU_COUNT, PCI_NVIDIA, PROFILE};
 
     /// `g` as the controller caches it (through its JSON, as from the API server).
     pub(crate) fn slim(g: &GpuNode) -> SlimGpuNode {
@@ -833,15 +535,7 @@ pub(crate) mod tests {
             }]
         );
         // the agent's Ready is not kept
-        assert_eq!(
-            st.conditions,
-            [SeenCondition {
-                type_: condition::STALE,
-                status: Some("True"),
-                last_transition_time: Time(Timestamp::UNIX_EPOCH),
-                digest: SeenCondition::digest(&cond(condition::STALE)),
-            }]
-        );
+        assert_eq!(st.conditions, [cond(condition::STALE)]);
         // no GPUs, no status
         let empty: SlimGpuNode = serde_json::from_value(json!({
             "metadata": {"name": "x"},
@@ -851,63 +545,19 @@ pub(crate) mod tests {
         assert_eq!((empty.spec.model, empty.status), (None, None));
     }
 
-    /// The slim types are requested where the full ones are; Nodes as metadata only.
+    /// The slim types are requested where the full ones are.
     #[test]
     fn the_slim_types_are_the_same_resources() {
         assert_eq!(
             SlimGpuNode::url_path(&(), None),
             GpuNode::url_path(&(), None)
         );
-        assert_eq!(SlimNode::url_path(&(), None), Node::url_path(&(), None));
         assert_eq!(
             SlimPod::url_path(&(), Some("ns")),
             Pod::url_path(&(), Some("ns"))
         );
         assert!(!SlimPod::metadata_api());
-        assert_eq!(SlimNode::kind(&()), "Node");
-        assert!(SlimNode::metadata_api() && !SlimGpuNode::metadata_api());
-    }
-
-    /// The digest tells every change but the transition time's; an odd status is kept as none.
-    #[test]
-    fn a_condition_digest_tells_what_changed() {
-        let c = cond(condition::DRIFTED);
-        let same = Condition {
-            last_transition_time: Time(Timestamp::from_second(1).unwrap()),
-            ..c.clone()
-        };
-        assert_eq!(SeenCondition::digest(&same), SeenCondition::digest(&c));
-        let changes = [
-            Condition {
-                status: "False".into(),
-                ..c.clone()
-            },
-            Condition {
-                reason: "Other".into(),
-                ..c.clone()
-            },
-            Condition {
-                message: "m2".into(),
-                ..c.clone()
-            },
-            Condition {
-                observed_generation: Some(3),
-                ..c.clone()
-            },
-        ];
-        for changed in &changes {
-            assert_ne!(
-                SeenCondition::digest(changed),
-                SeenCondition::digest(&c),
-                "{changed:?}"
-            );
-        }
-        let odd = Condition {
-            status: "Maybe".into(),
-            ..c.clone()
-        };
-        assert_eq!(SeenCondition::of(&odd).unwrap().status, None);
-        assert_eq!(SeenCondition::of(&cond(condition::READY)), None);
+        assert!(!SlimGpuNode::metadata_api());
     }
 
     /// A slurmd pod as the API server sends a Slinky NodeSet's: managed fields, an init
@@ -995,33 +645,33 @@ pub(crate) mod tests {
             )
         );
         assert_eq!((&m.labels, &m.managed_fields), (&None, &None));
-        let id = PodRef::new("slurm", "slurm-worker-gpu-0", "pu-1", false);
         assert_eq!(
-            (id.namespace(), id.name(), id.uid()),
+            (p.namespace(), p.name(), p.uid()),
             ("slurm", "slurm-worker-gpu-0", "pu-1")
         );
         assert_eq!(
-            SlurmdPod::from(&p),
-            SlurmdPod {
-                id: id.clone(),
-                host_network: false,
-                hostname: Some("gpu-0".into()),
+            (
+                p.deleting(),
+                p.host_network,
+                p.hostname.as_deref(),
+                p.started
+            ),
+            (
+                false,
+                false,
+                Some("gpu-0"),
                 // the sidecar's start: the earliest running container's
-                started: Some(at("2026-01-01T00:00:06Z")),
-            }
+                Some(at("2026-01-01T00:00:06Z"))
+            )
         );
         assert_eq!(
-            GpuPod::from(&p),
-            GpuPod {
-                id,
-                // not the init container, nor the sidecar; no CPUs, no memory, no zero amounts
-                containers: [SlimContainer {
-                    name: "slurmd".into(),
-                    resources: ["example.com/fpga".into(), "nvidia.com/gpu".into()].into(),
-                    running_since: Some(at("2026-01-01T00:00:08Z")),
-                }]
-                .into(),
-            }
+            *p.containers,
+            // not the init container, nor the sidecar; no CPUs, no memory, no zero amounts
+            [SlimContainer {
+                name: "slurmd".into(),
+                resources: ["example.com/fpga".into(), "nvidia.com/gpu".into()].into(),
+                running_since: Some(at("2026-01-01T00:00:08Z")),
+            }]
         );
     }
 
@@ -1037,7 +687,7 @@ pub(crate) mod tests {
         let p: SlimPod = serde_json::from_value(j).unwrap();
         assert_eq!(p.started, Some(at("2026-01-01T00:00:01Z")));
         assert_eq!(p.containers[0].running_since, None);
-        assert!(p.id.deleting && p.host_network);
+        assert!(p.deleting() && p.host_network);
         let bare: SlimPod =
             serde_json::from_value(json!({"metadata": {"name": "b", "namespace": "n"}})).unwrap();
         assert_eq!((bare.node, bare.started), (None, None));
@@ -1061,14 +711,19 @@ pub(crate) mod tests {
     #[test]
     fn the_pod_cache_follows_the_watch() {
         use watcher::Event::*;
-        let cache = PodCache::<SlurmdPod>::default();
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let index = PodsByNode::new(store);
+        let mut apply = |e: &watcher::Event<SlimPod>| {
+            writer.apply_watcher_event(e);
+            index.apply(e);
+        };
         // (uid, hostname) of the pods on `node`
         let on = |node: &str| -> Vec<(Box<str>, Option<Box<str>>)> {
-            let mut v: Vec<_> = cache.on_node(node, |pods| {
-                pods.iter()
-                    .map(|p| (p.id.uid().into(), p.hostname.clone()))
-                    .collect()
-            });
+            let mut v: Vec<_> = index
+                .on_node(node)
+                .iter()
+                .map(|p| (p.uid().into(), p.hostname.clone()))
+                .collect();
             v.sort();
             v
         };
@@ -1085,138 +740,57 @@ pub(crate) mod tests {
             InitApply(pod_on("p", None, "h")),
             InitDone,
         ] {
-            cache.apply(&e);
+            apply(&e);
         }
         assert_eq!(on("n1"), ids(&[("a", "h"), ("b", "h")]));
         assert_eq!(on("n2"), ids(&[("c", "h")]));
         // the unscheduled pod is bound: found on its node from then on
-        cache.apply(&Apply(pod_on("p", Some("n2"), "h")));
+        apply(&Apply(pod_on("p", Some("n2"), "h")));
         assert_eq!(on("n2"), ids(&[("c", "h"), ("p", "h")]));
         // an update replaces the pod's entry
-        cache.apply(&Apply(pod_on("a", Some("n1"), "h2")));
+        apply(&Apply(pod_on("a", Some("n1"), "h2")));
         assert_eq!(on("n1"), ids(&[("a", "h2"), ("b", "h")]));
-        cache.apply(&Delete(pod_on("b", Some("n1"), "h")));
-        cache.apply(&Delete(pod_on("c", Some("n2"), "h")));
+        apply(&Delete(pod_on("b", Some("n1"), "h")));
+        apply(&Delete(pod_on("c", Some("n2"), "h")));
         assert_eq!(on("n1"), ids(&[("a", "h2")]));
         assert_eq!(on("n2"), ids(&[("p", "h")]));
         // deleting an unscheduled or unknown pod changes nothing
-        cache.apply(&Delete(pod_on("q", None, "h")));
-        cache.apply(&Delete(pod_on("r", Some("n1"), "h")));
+        apply(&Delete(pod_on("q", None, "h")));
+        apply(&Delete(pod_on("r", Some("n1"), "h")));
         assert_eq!(on("n1"), ids(&[("a", "h2")]));
         // a relist: the old entries stay until it is done, then only the listed ones are left
-        cache.apply(&Init);
-        cache.apply(&InitApply(pod_on("d", Some("n1"), "h")));
+        apply(&Init);
+        apply(&InitApply(pod_on("d", Some("n1"), "h")));
         assert_eq!(on("n1"), ids(&[("a", "h2")]));
-        cache.apply(&InitDone);
+        apply(&InitDone);
         assert_eq!(on("n1"), ids(&[("d", "h")]));
         assert_eq!(on("n2"), []);
     }
 
-    /// A Node's metadata as the API server sends it: the kubelet's labels, ours, and the
-    /// managed fields of both (with fields that are not labels).
-    pub(crate) fn node_json(owners: &[(&str, &str, &[&str])], labels: &[(&str, &str)]) -> SlimNode {
-        let managed: Vec<_> = owners
-            .iter()
-            .map(|(manager, operation, keys)| {
-                let labels: serde_json::Map<_, _> =
-                    keys.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
-                json!({
-                    "manager": manager, "operation": operation, "apiVersion": "v1",
-                    "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
-                    "fieldsV1": {
-                        "f:metadata": {"f:labels": labels, "f:annotations": {"f:x": {}}},
-                        "f:status": {"f:conditions": {}},
-                    },
-                })
-            })
-            .collect();
-        let labels: serde_json::Map<_, _> = labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .collect();
-        serde_json::from_value(json!({
-            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-            "metadata": {
-                "name": "node-a", "uid": "nu", "resourceVersion": "7",
-                "labels": labels, "annotations": {"x": "y"}, "managedFields": managed,
-            },
-        }))
-        .unwrap()
-    }
-
-    /// The cache follows the watch: applies, deletions, and a list that replaces it at its end.
+    /// A pod recreated under its name on another node (its deletion not seen yet) is that node's
+    /// only.
     #[test]
-    fn the_node_cache_follows_the_watch() {
-        use watcher::Event::*;
-        let n = |name: &str, profile: &str| {
-            let mut n = node_json(&[], &[(PROFILE, profile)]);
-            n.metadata.name = Some(name.into());
-            n
-        };
-        let cache = NodeCache::default();
-        let profile = |name: &str| cache.get(name).map(|c| c.labels.has(PROFILE, "b"));
+    fn a_pod_recreated_on_another_node_is_only_that_nodes() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let index = PodsByNode::new(store);
+        let mut moved = pod_on("a", Some("n2"), "h");
+        moved.metadata.uid = Some("a2".into());
         for e in [
-            Init,
-            InitApply(n("x", "a")),
-            InitApply(n("y", "a")),
-            InitDone,
+            watcher::Event::Init,
+            watcher::Event::InitApply(pod_on("a", Some("n1"), "h")),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(moved),
         ] {
-            cache.apply(&e);
+            writer.apply_watcher_event(&e);
+            index.apply(&e);
         }
-        assert_eq!(cache.get("x").unwrap().uid.as_deref(), Some("nu"));
-        cache.apply(&Apply(n("x", "b")));
-        assert_eq!((profile("x"), profile("y")), (Some(true), Some(false)));
-        cache.apply(&Delete(n("y", "a")));
-        assert_eq!(profile("y"), None);
-        // a new list: the old entries stay until it is done, then only the listed ones are left
-        cache.apply(&Init);
-        cache.apply(&InitApply(n("z", "b")));
-        assert_eq!((profile("x"), profile("z")), (Some(true), None));
-        cache.apply(&InitDone);
-        assert_eq!((profile("x"), profile("z")), (None, Some(true)));
-        assert_eq!(cache.names(|_, c| c.labels.has(PROFILE, "b")), ["z"]);
-    }
-
-    #[test]
-    fn a_node_keeps_our_labels_and_who_owns_them() {
-        let n = node_json(
-            &[
-                (
-                    "kubelet",
-                    "Update",
-                    &["kubernetes.io/hostname", PCI_NVIDIA] as &[&str],
-                ),
-                (
-                    "mockgpu-controller",
-                    "Apply",
-                    &[PROFILE, "old.mockgpu.io/x"],
-                ),
-                ("mockgpu-controller", "Update", &[GPU_COUNT]),
-                (AGENT_MANAGER, "Apply", &[]),
-            ],
-            &[
-                ("kubernetes.io/hostname", "node-a"),
-                (PROFILE, "gb300"),
-                (GPU_COUNT, "4"),
-            ],
-        );
-        assert_eq!(
-            (
-                n.metadata.name.as_deref(),
-                n.metadata.uid.as_deref(),
-                n.metadata.resource_version.as_deref()
-            ),
-            (Some("node-a"), Some("nu"), Some("7"))
-        );
-        assert_eq!((n.metadata.labels, n.metadata.annotations), (None, None));
-        assert!(n.labels.has(PROFILE, "gb300") && n.labels.has(GPU_COUNT, "4"));
-        assert!(!n.labels.is_set("kubernetes.io/hostname") && !n.labels.is_set(PCI_NVIDIA));
-        assert_eq!(
-            n.labels.ours().collect::<Vec<_>>(),
-            [PROFILE, "old.mockgpu.io/x"]
-        );
-        assert!(n.labels.owned_by_another(PCI_NVIDIA));
-        assert!(!n.labels.owned_by_another(PROFILE));
-        assert!(!n.labels.owned_by_another(GPU_COUNT), "our own Update");
+        let uids = |node: &str| -> Vec<String> {
+            index
+                .on_node(node)
+                .iter()
+                .map(|p| p.uid().to_string())
+                .collect()
+        };
+        assert_eq!((uids("n1"), uids("n2")), (vec![], vec!["a2".to_string()]));
     }
 }

@@ -1,0 +1,337 @@
+//! The writes of the controller's reconciles: a [`Plan`] carried out against the API server (and
+//! Slurm), an Event recorded per action, and a swept Node's labels removed. Nothing here decides
+//! (that is `plan`'s) or reads a cache (`reconcile`'s).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Api, Client, Resource, ResourceExt};
+use mockgpu_api::gpunode::{CONTROLLER_MANAGER, condition};
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::metrics::{ActionLabels, Metrics};
+use crate::plan::{self, Plan};
+use crate::slim::SlimGpuNode;
+use crate::slurm::{NodeDeleted, SlurmError, SlurmNodes};
+
+/// A failed write.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// An API request failed.
+    #[error("{what}: {source}")]
+    Kube {
+        /// The request, in words.
+        what: String,
+        /// The error.
+        source: kube::Error,
+    },
+    /// Deleting a Slurm node record failed (its slurmd pods are left running).
+    #[error("deleting Slurm node {node}: {source}")]
+    Slurm {
+        /// The Slurm node.
+        node: String,
+        /// The error.
+        source: SlurmError,
+    },
+}
+
+fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> WriteError {
+    let what = what.into();
+    move |source| WriteError::Kube { what, source }
+}
+
+/// What writes: the API client, the Event recorder, the write and remediation metrics, and
+/// Slurm (`None`: no slurmrestd).
+pub struct Writer<S> {
+    client: Client,
+    recorder: Recorder,
+    metrics: Metrics,
+    slurm: Option<Arc<S>>,
+}
+
+impl<S: SlurmNodes> Writer<S> {
+    /// A writer through `client`, recording Events with `recorder`.
+    pub fn new(
+        client: Client,
+        recorder: Recorder,
+        metrics: Metrics,
+        slurm: Option<Arc<S>>,
+    ) -> Self {
+        Self {
+            client,
+            recorder,
+            metrics,
+            slurm,
+        }
+    }
+
+    /// Carries out `p` on GpuNode `g`, recording an Event per action.
+    pub async fn execute(&self, g: &SlimGpuNode, p: &Plan) -> Result<(), WriteError> {
+        let name = g.name_any();
+        let gref = g.object_ref(&());
+        if let Some(labels) = &p.labels {
+            self.apply_labels(&name, labels).await?;
+            let (reason, note) = labels_note(labels);
+            self.event(&gref, EventType::Normal, reason, note).await;
+        }
+        if let Some(conditions) = &p.conditions {
+            self.apply_conditions(&name, conditions).await?;
+        }
+        for n in &p.notices {
+            if n.reason == "Drifted" {
+                self.metrics.drifts.inc();
+            }
+            self.event(&gref, EventType::Warning, n.reason, n.note.clone())
+                .await;
+        }
+        let mut slurm_done = p.slurm_nodes.is_empty();
+        if !p.slurm_nodes.is_empty() {
+            match &self.slurm {
+                None => {
+                    let note = "remediation is on but no slurmrestd is configured: the Slurm \
+                                records and slurmd pods are left as they are"
+                        .to_string();
+                    self.event(&gref, EventType::Warning, "RemediationUnavailable", note)
+                        .await;
+                }
+                Some(slurm) => {
+                    for node in &p.slurm_nodes {
+                        self.delete_slurm_node(slurm.as_ref(), &gref, node).await?;
+                    }
+                    slurm_done = true;
+                }
+            }
+        }
+        for a in &p.delete_pods {
+            if a.why == condition::DRIFTED && !slurm_done {
+                continue;
+            }
+            self.delete_pod(&gref, a).await?;
+        }
+        Ok(())
+    }
+
+    async fn apply_labels(
+        &self,
+        node: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), WriteError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        apply_node_labels(&nodes, node, labels)
+            .await
+            .map_err(kube_err(format!("applying labels to node {node}")))?;
+        self.metrics.wrote("node_labels");
+        info!(%node, ?labels, "node labels applied");
+        Ok(())
+    }
+
+    async fn apply_conditions(
+        &self,
+        name: &str,
+        conditions: &[Condition],
+    ) -> Result<(), WriteError> {
+        let api: Api<SlimGpuNode> = Api::all(self.client.clone());
+        let patch = json!({
+            "apiVersion": "mockgpu.io/v1alpha1",
+            "kind": "GpuNode",
+            "metadata": {"name": name},
+            "status": {"conditions": conditions},
+        });
+        api.patch_status(
+            name,
+            &PatchParams::apply(CONTROLLER_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(kube_err(format!("applying conditions to GpuNode {name}")))?;
+        self.metrics.wrote("gpunode_conditions");
+        let brief: Vec<String> = conditions
+            .iter()
+            .map(|c| format!("{}={}", c.type_, c.status))
+            .collect();
+        info!(gpunode = %name, conditions = %brief.join(" "), "conditions applied");
+        Ok(())
+    }
+
+    async fn delete_slurm_node(
+        &self,
+        slurm: &S,
+        gref: &ObjectReference,
+        node: &str,
+    ) -> Result<(), WriteError> {
+        let action = "delete_slurm_node";
+        match slurm.delete_node(node).await {
+            Ok(done) => {
+                self.count(action, "ok");
+                let note = match done {
+                    NodeDeleted::Deleted => {
+                        format!("Slurm node {node} deleted: its slurmd registers afresh")
+                    }
+                    NodeDeleted::AlreadyGone => format!("Slurm node {node} was already gone"),
+                };
+                info!(%node, ?done, "Slurm node record deleted");
+                self.event(gref, EventType::Normal, "SlurmNodeDeleted", note)
+                    .await;
+                Ok(())
+            }
+            Err(source) => {
+                self.count(action, "error");
+                let note =
+                    format!("deleting Slurm node {node}: {source}; its slurmd pods are kept");
+                self.event(gref, EventType::Warning, "SlurmNodeDeleteFailed", note)
+                    .await;
+                Err(WriteError::Slurm {
+                    node: node.to_string(),
+                    source,
+                })
+            }
+        }
+    }
+
+    async fn delete_pod(
+        &self,
+        gref: &ObjectReference,
+        a: &plan::PodAction,
+    ) -> Result<(), WriteError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &a.namespace);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(a.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let action = "delete_pod";
+        let what = format!("deleting pod {}/{} ({})", a.namespace, a.name, a.why);
+        let deleted = match api.delete(&a.name, &params).await {
+            // gone already, or replaced by a pod of another UID: nothing to do
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+            r => r.map(drop),
+        };
+        match deleted {
+            Ok(()) => {
+                self.count(action, "ok");
+                info!(pod = %format!("{}/{}", a.namespace, a.name), why = a.why, "pod deleted");
+                let note = format!(
+                    "pod {}/{} deleted ({}): it is recreated afresh",
+                    a.namespace, a.name, a.why
+                );
+                self.event(gref, EventType::Normal, "PodDeleted", note.clone())
+                    .await;
+                let pod_ref = ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    namespace: Some(a.namespace.clone()),
+                    name: Some(a.name.clone()),
+                    uid: Some(a.uid.clone()),
+                    ..Default::default()
+                };
+                self.event(&pod_ref, EventType::Normal, "PodDeleted", note)
+                    .await;
+                Ok(())
+            }
+            Err(e) => {
+                self.count(action, "error");
+                Err(kube_err(what)(e))
+            }
+        }
+    }
+
+    /// Counts a remediation `action` that ended in `result` (`ok` or `error`).
+    fn count(&self, action: &'static str, result: &'static str) {
+        let labels = ActionLabels { action, result };
+        self.metrics.remediation.get_or_create(&labels).inc();
+    }
+
+    /// Records an Event; a failure is logged, not fatal.
+    async fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        match self.recorder.publish(&ev, regarding).await {
+            Ok(()) => self.metrics.wrote("event"),
+            Err(err) => warn!(%err, %reason, "cannot record an event"),
+        }
+    }
+
+    /// Removes our labels from Node `name` (of `uid`), whose GpuNode is gone, with an Event.
+    pub async fn sweep_labels(
+        &self,
+        name: &str,
+        uid: Option<String>,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), WriteError> {
+        self.apply_labels(name, labels).await?;
+        let (reason, note) = labels_note(labels);
+        let nref = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(name.to_string()),
+            uid,
+            ..Default::default()
+        };
+        let note = format!("{note}: its GpuNode is gone");
+        self.event(&nref, EventType::Normal, reason, note).await;
+        Ok(())
+    }
+}
+
+fn labels_note(labels: &BTreeMap<String, String>) -> (&'static str, String) {
+    if labels.is_empty() {
+        return (
+            "LabelsRemoved",
+            "the node's mockgpu labels were removed".into(),
+        );
+    }
+    let list: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    ("LabelsApplied", format!("node labels: {}", list.join(", ")))
+}
+
+/// Applies `labels` to node `name` with our field manager (server-side apply, forced): the set
+/// replaces what we owned, so an empty set removes our labels and nothing else. The answer comes
+/// back as metadata only.
+pub async fn apply_node_labels(
+    nodes: &Api<Node>,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), kube::Error> {
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+    });
+    let params = PatchParams::apply(CONTROLLER_MANAGER).force();
+    nodes
+        .patch_metadata(name, &params, &Patch::Apply(&patch))
+        .await?;
+    Ok(())
+}
+
+/// The Event recorder of replica `identity`.
+pub fn recorder(client: Client, identity: &str) -> Recorder {
+    Recorder::new(
+        client,
+        kube::runtime::events::Reporter {
+            controller: CONTROLLER_MANAGER.into(),
+            instance: Some(identity.into()),
+        },
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
