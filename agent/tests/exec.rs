@@ -2,6 +2,11 @@
 //! the programs: coreutils, findutils, python3, pciutils, hwloc, util-linux; CI installs them).
 //! Tests that mount something, or whose agent is killed, run in a private mount namespace of
 //! their own, so that no mount outlives them, even when they fail.
+//!
+//! The agent reads a fake sysfs (`--sysfs`), never this machine's PCI devices: the fixture
+//! `two-socket`, or for programs that read the machine's CPUs themselves (lspci, hwloc) a tree of
+//! this machine's CPUs and NUMA nodes without PCI devices. Expected bus ids come from the same
+//! tree.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -10,23 +15,54 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use mockgpu_agent::host::SysfsHost;
 use mockgpu_agent::sys::{Linux, Sys};
+use mockgpu_api::{NodeTopology, Profile};
 use nix::mount::MsFlags;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 mod common;
 
-use common::{in_private_namespace, wait_for};
+use common::{fixture, in_private_namespace, wait_for};
 
 fn agent() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
 }
 
-/// Runs `mockgpu-agent exec [args] -- cmd…` and returns (exit code, stdout, stderr).
-fn exec(profile: &[&str], cmd: &[&str]) -> (i32, String, String) {
-    let out = agent()
-        .arg("exec")
+/// `agent exec --sysfs <sysfs>`, to be followed by options and `-- cmd…`.
+fn agent_exec(mut agent: Command, sysfs: &Path) -> Command {
+    agent.arg("exec").arg("--sysfs").arg(sysfs);
+    agent
+}
+
+/// A sysfs below `dir` with this machine's CPUs and NUMA nodes (a link to
+/// `/sys/devices/system`) and no PCI devices, for programs that read the machine's CPUs
+/// themselves: the GPUs' local CPUs are then the machine's, and no host device is listed.
+fn cpus_only_sysfs(dir: &Path) -> PathBuf {
+    let root = dir.join("sysfs");
+    fs::create_dir_all(root.join("bus/pci/devices")).unwrap();
+    fs::create_dir(root.join("devices")).unwrap();
+    std::os::unix::fs::symlink("/sys/devices/system", root.join("devices/system")).unwrap();
+    root
+}
+
+/// The bus ids of the GB300 (default profile) GPUs that `exec` places on `sysfs` for node
+/// `node-0`, in order.
+fn gb300(sysfs: &Path) -> Vec<String> {
+    let host = SysfsHost::new(sysfs).probe().unwrap();
+    let profile = Profile::builtin("gb300").unwrap();
+    let gpus = NodeTopology::build(&profile, "node-0", &host).unwrap().gpus;
+    let mut ids: Vec<String> = gpus.iter().map(|g| g.bus_id.to_string()).collect();
+    ids.sort();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    ids
+}
+
+/// Runs `mockgpu-agent exec --sysfs <sysfs> [args] -- cmd…` and returns (exit code, stdout,
+/// stderr).
+fn exec_on(sysfs: &Path, profile: &[&str], cmd: &[&str]) -> (i32, String, String) {
+    let out = agent_exec(agent(), sysfs)
         .args(["--node-name", "node-0"])
         .args(profile)
         .arg("--")
@@ -40,25 +76,38 @@ fn exec(profile: &[&str], cmd: &[&str]) -> (i32, String, String) {
     )
 }
 
-fn ok(profile: &[&str], cmd: &[&str]) -> String {
-    let (code, stdout, stderr) = exec(profile, cmd);
+/// [`exec_on`] the `two-socket` fixture.
+fn exec(profile: &[&str], cmd: &[&str]) -> (i32, String, String) {
+    exec_on(&fixture("two-socket"), profile, cmd)
+}
+
+/// The stdout of a successful [`exec_on`].
+fn ok_on(sysfs: &Path, profile: &[&str], cmd: &[&str]) -> String {
+    let (code, stdout, stderr) = exec_on(sysfs, profile, cmd);
     assert_eq!(code, 0, "{cmd:?} failed: {stderr}");
     stdout
 }
 
+/// [`ok_on`] the `two-socket` fixture.
+fn ok(profile: &[&str], cmd: &[&str]) -> String {
+    ok_on(&fixture("two-socket"), profile, cmd)
+}
+
 #[test]
 fn coreutils_see_the_driver_tree() {
+    let gpus = gb300(&fixture("two-socket"));
+    let lines = |ids: &[String]| ids.iter().map(|id| format!("{id}\n")).collect::<String>();
     let out = ok(&[], &["cat", "/proc/driver/nvidia/version"]);
     assert!(
         out.starts_with("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.173.02 "),
         "{out}"
     );
     let out = ok(&[], &["ls", "/proc/driver/nvidia/gpus"]);
-    assert_eq!(
-        out,
-        "0008:06:00.0\n0009:06:00.0\n0018:06:00.0\n0019:06:00.0\n"
+    assert_eq!(out, lines(&gpus));
+    let out = ok(
+        &[],
+        &["ls", "-l", &format!("/proc/driver/nvidia/gpus/{}", gpus[0])],
     );
-    let out = ok(&[], &["ls", "-l", "/proc/driver/nvidia/gpus/0008:06:00.0"]);
     assert!(
         out.contains(" information\n") && out.contains(" power\n"),
         "{out}"
@@ -78,11 +127,26 @@ fn coreutils_see_the_driver_tree() {
     );
     let out = ok(
         &[],
-        &["readlink", "/sys/bus/pci/drivers/nvidia/0018:06:00.0"],
+        &[
+            "readlink",
+            &format!("/sys/bus/pci/drivers/nvidia/{}", gpus[2]),
+        ],
     );
-    assert_eq!(out, "../../../../devices/pci0018:06/0018:06:00.0\n");
-    let out = ok(&[], &["cat", "/sys/bus/pci/devices/0019:06:00.0/device"]);
+    let root = gpus[2].rsplit_once(':').unwrap().0;
+    assert_eq!(out, format!("../../../../devices/pci{root}/{}\n", gpus[2]));
+    let out = ok(
+        &[],
+        &["cat", &format!("/sys/bus/pci/devices/{}/device", gpus[3])],
+    );
     assert_eq!(out, "0x31c2\n");
+    // The fixture's PCI devices are listed beside the GPUs, as absolute links to their sysfs.
+    let out = ok(&[], &["ls", "/sys/bus/pci/devices"]);
+    let mut all = gpus.clone();
+    all.extend(["0000:00:00.0".to_string(), "0000:00:1e.0".to_string()]);
+    all.sort();
+    assert_eq!(out, lines(&all));
+    let out = ok(&[], &["readlink", "/sys/bus/pci/devices/0000:00:1e.0"]);
+    assert_eq!(out, "/sys/devices/pci0000:00/0000:00:1e.0\n");
     // Paths outside the prefixes are untouched.
     let out = ok(&[], &["cat", "/proc/self/comm"]);
     assert_eq!(out, "cat\n");
@@ -117,46 +181,25 @@ print(len(gpus), len(errors))
     );
 }
 
-/// The same command without the mock, for comparison.
-fn plain(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-const GB300: [&str; 4] = [
-    "0008:06:00.0",
-    "0009:06:00.0",
-    "0018:06:00.0",
-    "0019:06:00.0",
-];
-
 #[test]
-fn lspci_lists_the_mock_gpus_beside_the_real_devices() {
-    let out = ok(&[], &["lspci", "-d", "10de:", "-n"]);
-    let want: String = GB300
+fn lspci_lists_the_mock_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let sysfs = cpus_only_sysfs(dir.path());
+    let gpus = gb300(&sysfs);
+    let want: String = gpus
         .iter()
         .map(|g| format!("{g} 0302: 10de:31c2 (rev a1)\n"))
         .collect();
-    assert_eq!(out, want);
-    let all = ok(&[], &["lspci", "-n"]);
-    for line in plain("lspci", &["-n"]).lines() {
-        assert!(
-            all.contains(line),
-            "host device {line} missing from:\n{all}"
-        );
-    }
-    let kernel = ok(&[], &["lspci", "-k", "-d", "10de:"]);
+    assert_eq!(ok_on(&sysfs, &[], &["lspci", "-d", "10de:", "-n"]), want);
+    // No host device in this sysfs: the GPUs are all there is.
+    assert_eq!(ok_on(&sysfs, &[], &["lspci", "-n"]), want);
+    let kernel = ok_on(&sysfs, &[], &["lspci", "-k", "-d", "10de:"]);
     assert_eq!(
         kernel.matches("Kernel driver in use: nvidia").count(),
         4,
         "{kernel}"
     );
-    let verbose = ok(&[], &["lspci", "-vv", "-s", "0008:06:00.0"]);
+    let verbose = ok_on(&sysfs, &[], &["lspci", "-vv", "-s", &gpus[0]]);
     assert!(
         verbose.contains("Subsystem: NVIDIA Corporation Device 21f1"),
         "{verbose}"
@@ -165,41 +208,30 @@ fn lspci_lists_the_mock_gpus_beside_the_real_devices() {
 
 #[test]
 fn hwloc_places_each_gpu_at_its_local_cpus() {
-    let topo = ok(&[], &["lstopo-no-graphics"]);
-    for gpu in GB300 {
+    let dir = tempfile::tempdir().unwrap();
+    let sysfs = cpus_only_sysfs(dir.path());
+    let gpus = gb300(&sysfs);
+    let topo = ok_on(&sysfs, &[], &["lstopo-no-graphics"]);
+    for gpu in &gpus {
         assert!(
             topo.contains(&format!("PCI {gpu} (3D)")),
             "{gpu} missing from:\n{topo}"
         );
     }
-    // The host's own devices stay (hwloc prints the domain once several domains exist).
-    for dev in plain("lstopo-no-graphics", &[])
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("PCI "))
-    {
-        let bdf = dev.split(' ').next().unwrap();
-        let full = if bdf.matches(':').count() == 1 {
-            format!("0000:{bdf}")
-        } else {
-            bdf.to_string()
-        };
-        assert!(
-            topo.contains(&format!("PCI {full}")),
-            "host device {full} missing from:\n{topo}"
-        );
-    }
     let parse = |s: &str| {
         u128::from_str_radix(&s.trim().trim_start_matches("0x").replace(',', ""), 16).unwrap()
     };
-    for gpu in GB300 {
-        let hwloc = ok(&[], &["hwloc-calc", &format!("pci={gpu}")]);
-        let local = ok(
+    for gpu in &gpus {
+        let hwloc = ok_on(&sysfs, &[], &["hwloc-calc", &format!("pci={gpu}")]);
+        let local = ok_on(
+            &sysfs,
             &[],
             &["cat", &format!("/sys/bus/pci/devices/{gpu}/local_cpus")],
         );
         assert_eq!(parse(&hwloc), parse(&local), "{gpu}");
     }
-    let xml = ok(
+    let xml = ok_on(
+        &sysfs,
         &["--profile", "h100"],
         &["lstopo-no-graphics", "--of", "xml", "--whole-io"],
     );
@@ -225,8 +257,9 @@ impl Drop for Running {
     }
 }
 
-/// Starts `agent exec -- sh -c …` with `tmp` as its `TMPDIR` and waits until the command runs.
-fn start_sleeper(mut agent: Command, tmp: &Path) -> Running {
+/// Starts `agent exec --sysfs <sysfs> -- sh -c …` with `tmp` as its `TMPDIR` and waits until the
+/// command runs.
+fn start_sleeper(agent: Command, sysfs: &Path, tmp: &Path) -> Running {
     let ready = tempfile::tempdir().unwrap();
     fs::set_permissions(ready.path(), fs::Permissions::from_mode(0o777)).unwrap();
     let file = ready.path().join("pid");
@@ -235,8 +268,8 @@ fn start_sleeper(mut agent: Command, tmp: &Path) -> Running {
         "ls /proc/driver/nvidia/gpus > /dev/null && echo $$ > {f}.tmp && mv {f}.tmp {f} && exec sleep 30",
         f = file.display()
     );
-    let agent = agent
-        .args(["exec", "--", "sh", "-c", &script])
+    let agent = agent_exec(agent, sysfs)
+        .args(["--", "sh", "-c", &script])
         .env("TMPDIR", tmp)
         .spawn()
         .unwrap();
@@ -268,7 +301,7 @@ fn mounted_below(dir: &Path) -> bool {
 fn sigterm_reaches_the_command_and_everything_is_cleaned_up() {
     let tmp = tempfile::tempdir().unwrap();
     in_private_namespace(|| {
-        let mut run = start_sleeper(agent(), tmp.path());
+        let mut run = start_sleeper(agent(), &fixture("two-socket"), tmp.path());
         kill(Pid::from_raw(run.agent.id() as i32), Signal::SIGTERM).unwrap();
         let status = run.agent.wait().unwrap();
         assert_eq!(status.code(), Some(128 + 15), "{status}");
@@ -282,8 +315,8 @@ fn sigterm_reaches_the_command_and_everything_is_cleaned_up() {
 fn sigterm_while_exec_sets_up_still_reaches_the_command() {
     let tmp = tempfile::tempdir().unwrap();
     in_private_namespace(|| {
-        let mut agent = agent()
-            .args(["exec", "--", "sleep", "30"])
+        let mut agent = agent_exec(agent(), &fixture("two-socket"))
+            .args(["--", "sleep", "30"])
             .env("TMPDIR", tmp.path())
             .spawn()
             .unwrap();
@@ -318,16 +351,18 @@ fn kill_agent_and_check(mut run: Running, tmp: &Path) {
 fn sigkill_of_the_agent_takes_the_command_and_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     in_private_namespace(|| {
-        let run = start_sleeper(agent(), tmp.path());
+        let run = start_sleeper(agent(), &fixture("two-socket"), tmp.path());
         kill_agent_and_check(run, tmp.path());
     })
 }
 
 const NOBODY: u32 = 65534;
 
-/// A copy of the agent that an ordinary user may run, and a `TMPDIR` that user may write.
+/// A copy of the agent that an ordinary user may run, a sysfs that user may read (see
+/// [`cpus_only_sysfs`]) and a `TMPDIR` that user may write.
 struct Unprivileged {
     bin: PathBuf,
+    sysfs: PathBuf,
     tmp: tempfile::TempDir,
     dir: tempfile::TempDir,
 }
@@ -346,9 +381,15 @@ impl Unprivileged {
             .status()
             .unwrap();
         assert!(status.success(), "install: {status}");
+        let sysfs = cpus_only_sysfs(dir.path());
         let tmp = tempfile::tempdir().unwrap();
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o777)).unwrap();
-        Unprivileged { bin, tmp, dir }
+        Unprivileged {
+            bin,
+            sysfs,
+            tmp,
+            dir,
+        }
     }
 
     /// The agent as uid and gid 65534 without supplementary groups.
@@ -374,10 +415,9 @@ impl Unprivileged {
     /// Runs `exec -- sh -c script` as [`Unprivileged::agent`] with debug logs; returns (stdout,
     /// stderr) of a successful run that left nothing behind.
     fn exec(&self, script: &str) -> (String, String) {
-        let out = self
-            .agent()
+        let out = agent_exec(self.agent(), &self.sysfs)
             .env("RUST_LOG", "mockgpu_agent=debug")
-            .args(["exec", "--node-name", "node-0", "--", "sh", "-c", script])
+            .args(["--node-name", "node-0", "--", "sh", "-c", script])
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -463,7 +503,7 @@ fn sigkill_of_an_ordinary_users_agent_leaves_no_fuse_mount() {
     let user = Unprivileged::new();
     in_private_namespace(|| {
         usable_dev_fuse(user.dir.path());
-        let run = start_sleeper(user.agent(), user.tmp.path());
+        let run = start_sleeper(user.agent(), &user.sysfs, user.tmp.path());
         assert!(mounted_below(user.tmp.path()), "served over fusermount3");
         kill_agent_and_check(run, user.tmp.path());
     })

@@ -1,5 +1,5 @@
-//! The health endpoint of mockgpu's processes (the agent, the standalone NRI plugin): a minimal
-//! HTTP/1.1 server answering `GET`/`HEAD` on `/healthz` (alive), `/readyz` (every [`Probe`]
+//! The health endpoint of mockgpu's processes (the agent, the standalone NRI plugin): an
+//! HTTP/1.1 server (hyper) answering `GET`/`HEAD` on `/healthz` (alive), `/readyz` (every [`Probe`]
 //! ready, or the reasons why not) and `/metrics` (one `prometheus-client` [`Registry`] in the
 //! OpenMetrics text format).
 //!

@@ -1,12 +1,18 @@
-//! The HTTP side: accepting connections, reading one request head, answering it.
+//! The HTTP side: accepting connections and answering each request over hyper's HTTP/1.1.
 
-use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
+use std::{convert::Infallible, future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 
+use hyper::{
+    Method, Request, Response, StatusCode,
+    header::{self, HeaderValue},
+    server::conn::http1,
+    service::service_fn,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    io::{AsyncRead, AsyncWrite},
     net::{TcpListener, TcpStream},
-    time::timeout,
 };
 use tracing::{debug, warn};
 
@@ -25,7 +31,8 @@ pub enum HealthError {
     },
 }
 
-/// Longest request head accepted; a longer one is answered 431 and the connection closed.
+/// Longest request head accepted; one still incomplete at this length is answered 431 and the
+/// connection closed.
 const MAX_REQUEST_HEAD: usize = 8 * 1024;
 /// A client must send its request head within this time.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,20 +100,22 @@ impl<A: Accept> HealthServer<A> {
         }
     }
 
-    /// Answers requests until `shutdown` completes, each connection on its own task: readiness
-    /// from `probe`, metrics from `registry`. A failed `accept()` is logged and retried after a
-    /// short pause; it does not end the server.
+    /// Answers requests until `shutdown` completes, each connection on its own task and closed
+    /// after one response: readiness from `probe`, metrics from `registry`. A failed `accept()`
+    /// is logged and retried after a short pause; it does not end the server.
     pub async fn serve<P: Probe + 'static>(
         mut self,
         probe: P,
         registry: Registry,
         shutdown: impl Future<Output = ()>,
     ) {
-        let endpoint = Arc::new(Endpoint {
-            probe,
-            registry,
-            request_timeout: self.request_timeout,
-        });
+        let endpoint = Arc::new(Endpoint { probe, registry });
+        let mut http = http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(self.request_timeout)
+            .max_header_size(MAX_REQUEST_HEAD)
+            .keep_alive(false)
+            .title_case_headers(true);
         tokio::pin!(shutdown);
         loop {
             let accepted = tokio::select! {
@@ -116,8 +125,12 @@ impl<A: Accept> HealthServer<A> {
             match accepted {
                 Ok(stream) => {
                     let endpoint = Arc::clone(&endpoint);
+                    let service = service_fn(move |request| {
+                        std::future::ready(Ok::<_, Infallible>(endpoint.respond(&request)))
+                    });
+                    let connection = http.serve_connection(TokioIo::new(stream), service);
                     tokio::spawn(async move {
-                        if let Err(err) = endpoint.handle(stream).await {
+                        if let Err(err) = connection.await {
                             debug!(%err, "health request failed");
                         }
                     });
@@ -138,139 +151,54 @@ impl<A: Accept> HealthServer<A> {
 struct Endpoint<P> {
     probe: P,
     registry: Registry,
-    request_timeout: Duration,
 }
 
-/// How reading a request head ended.
-enum Head {
-    /// Up to the blank line.
-    Complete(String),
-    /// Longer than [`MAX_REQUEST_HEAD`].
-    TooLong,
-    /// The client closed the connection before the blank line.
-    Closed,
+/// A response of `status` with a body of `content_type` (hyper leaves the body out for `HEAD`).
+fn response(status: StatusCode, content_type: &'static str, body: String) -> Response<String> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
 }
 
-/// One response; `head_only` answers a `HEAD` request (headers, no body).
-struct Response {
-    status: &'static str,
-    content_type: &'static str,
-    body: String,
-    head_only: bool,
-}
-
-impl Response {
-    fn text(status: &'static str, body: impl Into<String>) -> Self {
-        Self {
-            status,
-            content_type: TEXT,
-            body: body.into(),
-            head_only: false,
-        }
-    }
-
-    fn into_bytes(self) -> Vec<u8> {
-        let allow = if self.status.starts_with("405") {
-            "Allow: GET, HEAD\r\n"
-        } else {
-            ""
-        };
-        let mut out = format!(
-            "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
-            self.status,
-            self.content_type,
-            self.body.len()
-        )
-        .into_bytes();
-        if !self.head_only {
-            out.extend_from_slice(self.body.as_bytes());
-        }
-        out
-    }
+fn text(status: StatusCode, body: impl Into<String>) -> Response<String> {
+    response(status, TEXT, body.into())
 }
 
 impl<P: Probe> Endpoint<P> {
-    async fn handle<S: AsyncRead + AsyncWrite + Unpin>(&self, mut stream: S) -> io::Result<()> {
-        let response = match timeout(self.request_timeout, read_head(&mut stream)).await {
-            Err(_) => {
-                debug!(timeout = ?self.request_timeout, "health request head not received in time");
-                return Ok(());
-            }
-            Ok(head) => match head? {
-                Head::Complete(head) => self.respond(&head),
-                Head::TooLong => Response::text(
-                    "431 Request Header Fields Too Large",
-                    format!("request head longer than {MAX_REQUEST_HEAD} bytes\n"),
-                ),
-                Head::Closed => return Ok(()),
-            },
-        };
-        stream.write_all(&response.into_bytes()).await?;
-        stream.shutdown().await
-    }
-
-    fn respond(&self, head: &str) -> Response {
-        let mut parts = head.lines().next().unwrap_or_default().split(' ');
-        let (method, target) = (
-            parts.next().unwrap_or_default(),
-            parts.next().unwrap_or_default(),
-        );
-        let head_only = match method {
-            "GET" => false,
-            "HEAD" => true,
-            _ => {
-                return Response::text("405 Method Not Allowed", "only GET and HEAD are served\n");
-            }
-        };
-        let path = target.split('?').next().unwrap_or_default();
-        let response = match path {
-            "/healthz" => Response::text("200 OK", "ok\n"),
+    fn respond<B>(&self, request: &Request<B>) -> Response<String> {
+        if !matches!(*request.method(), Method::GET | Method::HEAD) {
+            let mut refused = text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "only GET and HEAD are served\n",
+            );
+            refused
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return refused;
+        }
+        match request.uri().path() {
+            "/healthz" => text(StatusCode::OK, "ok\n"),
             "/readyz" => match self.probe.ready() {
-                Ok(()) => Response::text("200 OK", "ready\n"),
-                Err(reason) => {
-                    Response::text("503 Service Unavailable", format!("not ready: {reason}\n"))
-                }
+                Ok(()) => text(StatusCode::OK, "ready\n"),
+                Err(reason) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: {reason}\n"),
+                ),
             },
             "/metrics" => {
                 let mut body = String::new();
                 match encode(&mut body, &self.registry) {
-                    Ok(()) => Response {
-                        content_type: OPENMETRICS,
-                        ..Response::text("200 OK", body)
-                    },
-                    Err(_) => Response::text(
-                        "500 Internal Server Error",
+                    Ok(()) => response(StatusCode::OK, OPENMETRICS, body),
+                    Err(_) => text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
                         "metrics could not be encoded\n",
                     ),
                 }
             }
-            _ => Response::text("404 Not Found", "not found\n"),
-        };
-        Response {
-            head_only,
-            ..response
-        }
-    }
-}
-
-/// Reads up to the blank line ending the request head.
-async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> io::Result<Head> {
-    let mut buf = Vec::with_capacity(512);
-    let mut chunk = [0u8; 512];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(Head::Closed);
-        }
-        // Only the new bytes and the three before them can complete the terminator.
-        let scan_from = buf.len().saturating_sub(3);
-        buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
-        let new = buf.get(scan_from..).unwrap_or_default();
-        if new.windows(4).any(|w| w == b"\r\n\r\n") {
-            return Ok(Head::Complete(String::from_utf8_lossy(&buf).into_owned()));
-        }
-        if buf.len() > MAX_REQUEST_HEAD {
-            return Ok(Head::TooLong);
+            _ => text(StatusCode::NOT_FOUND, "not found\n"),
         }
     }
 }
@@ -280,6 +208,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use prometheus_client::metrics::counter::Counter;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::time::timeout;
 
     use super::*;
     use crate::Fixed;
@@ -411,14 +341,34 @@ mod tests {
     async fn over_long_head_is_refused_and_the_server_goes_on() {
         let (server, addr) = bound().await;
         with_server(server, Fixed(Ok(())), async {
-            // Exactly one byte over the limit and no blank line: the server reads all of it
-            // (so closing does not reset the connection) and answers 431.
+            // The whole limit and still no blank line: the server reads all of it (so closing
+            // does not reset the connection) and answers 431.
             let mut request = b"GET /healthz HTTP/1.1\r\nX-Padding: ".to_vec();
-            request.resize(MAX_REQUEST_HEAD + 1, b'a');
+            request.resize(MAX_REQUEST_HEAD, b'a');
             let refused = exchange(addr, &request).await;
             assert!(refused.starts_with("HTTP/1.1 431 "), "{refused}");
             let health = get(addr, "GET /healthz").await;
             assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_slow_client_does_not_hold_up_others() {
+        let (mut server, addr) = bound().await;
+        // Longer than `with_server` waits: a server that waited for this head would fail the test.
+        server.request_timeout = Duration::from_secs(3600);
+        with_server(server, Fixed(Ok(())), async {
+            let mut slow = TcpStream::connect(addr).await.unwrap();
+            slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                .await
+                .unwrap();
+            let health = get(addr, "GET /healthz").await;
+            assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
+            slow.write_all(b"\r\n").await.unwrap();
+            let mut response = String::new();
+            slow.read_to_string(&mut response).await.unwrap();
+            assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
         })
         .await;
     }

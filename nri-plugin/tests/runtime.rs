@@ -17,7 +17,10 @@ use mockgpu_nri::{
     plugin::EVENT_MASK,
     proto::api::{ContainerAdjustment, ContainerState, CreateContainerResponse, Event},
 };
-use tokio::{net::UnixStream, sync::mpsc};
+use tokio::{
+    net::{UnixListener, UnixStream},
+    sync::mpsc,
+};
 
 const SHIM: &str = "/run/mockgpu/lib/libmockfs.so";
 
@@ -325,7 +328,14 @@ async fn external_mode_lifecycle_adjustments_pinning_and_reconnect() {
         }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The runtime is still restarting: its socket accepts and closes at once. The plugin's
+    // attempt there shows that it retries while the runtime is away.
+    let _ = std::fs::remove_file(&socket);
+    let restarting = UnixListener::bind(&socket).unwrap();
+    let (attempt, _) = within("a retry while the runtime is away", restarting.accept())
+        .await
+        .unwrap();
+    drop((attempt, restarting));
     let runtime = MockRuntime::bind(&socket);
     let conn = runtime.accept(&Handshake::default()).await;
     assert_eq!(status.registrations(), 2);

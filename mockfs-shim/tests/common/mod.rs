@@ -61,12 +61,15 @@ pub struct Tree {
 }
 
 pub const GPU: &str = "0008:06:00.0";
+/// The host's one PCI device in the tree's merged listing, and its vendor file.
+pub const HOST_DEVICE: &str = "0000:00:1e.0";
+pub const HOST_VENDOR: &str = "0x8086\n";
 pub const VERSION: &str =
     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.173.02  Release Build\n";
 
 impl Tree {
-    /// A small driver tree: version, one GPU, its sysfs device, the merged PCI listing (the
-    /// host's real devices as absolute links beside the mock one) and `/dev/nvidia0`.
+    /// A small driver tree: version, one GPU, its sysfs device, the merged PCI listing (a host
+    /// device as an absolute link beside the mock one) and `/dev/nvidia0`.
     pub fn new() -> Tree {
         let t = Tree {
             dir: tempfile::tempdir().unwrap(),
@@ -88,17 +91,19 @@ impl Tree {
             &format!("sys/bus/pci/drivers/nvidia/{GPU}"),
             &format!("../../../../devices/pci0008:06/{GPU}"),
         );
-        for entry in fs::read_dir("/sys/bus/pci/devices").unwrap() {
-            let entry = entry.unwrap();
-            let target = fs::canonicalize(entry.path()).unwrap();
-            t.link(
-                &format!(
-                    "sys/bus/pci/devices/{}",
-                    entry.file_name().to_str().unwrap()
-                ),
-                target.to_str().unwrap(),
-            );
-        }
+        // The host's device: an absolute link out of the tree, to a directory of this one
+        // outside every prefix (not the machine's sysfs, which may have no PCI devices).
+        let host = t
+            .root()
+            .join(format!("host/devices/pci0000:00/{HOST_DEVICE}"));
+        t.file(
+            &format!("host/devices/pci0000:00/{HOST_DEVICE}/vendor"),
+            HOST_VENDOR,
+        );
+        t.link(
+            &format!("sys/bus/pci/devices/{HOST_DEVICE}"),
+            host.to_str().unwrap(),
+        );
         t.file("sys/module/nvidia/version", "580.173.02\n");
         t.file("dev/nvidia0", "");
         t.file("prefixes", "/sys/devices/pci0008:06\n");
