@@ -4,7 +4,7 @@
 pub mod device_plugin;
 pub mod doctor;
 pub mod exec;
-pub mod fs;
+pub mod fuse;
 pub mod host;
 pub mod keeper;
 pub mod mounts;
@@ -17,6 +17,7 @@ pub mod serve;
 pub mod shim;
 pub mod sys;
 pub mod tree;
+mod wire;
 
 /// This program's own executable, which `serve` runs again for its helper processes (the
 /// keeper, `pin-tree`).
