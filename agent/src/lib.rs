@@ -1,5 +1,7 @@
 //! The mockgpu node agent: probes the host, places the profile's GPUs onto it, renders the
 //! NVIDIA driver tree and serves it over FUSE.
+//!
+//! The public modules are those the binary, the integration tests and the benchmarks use.
 
 pub mod device_plugin;
 pub mod doctor;
@@ -14,7 +16,7 @@ pub mod real;
 pub mod render;
 pub mod report;
 pub mod serve;
-pub mod shim;
+mod shim;
 pub mod sys;
 pub mod tree;
 mod wire;

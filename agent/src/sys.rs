@@ -92,7 +92,7 @@ impl Sys for Linux {
 }
 
 #[cfg(test)]
-pub mod fake {
+pub(crate) mod fake {
     //! A [`Sys`] that records every call and keeps a mount table of its own.
 
     use std::cell::RefCell;

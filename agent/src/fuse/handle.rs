@@ -72,7 +72,7 @@ impl TreeHandle {
     /// Invalidates what the kernel may cache of `paths`, the tree an earlier agent served on
     /// this connection (kept by the keeper, with the kernel's caches): every entry's attributes
     /// and pages, and the names the tree served now lacks. Returns the number of paths.
-    pub fn forget(&self, paths: &[String]) -> usize {
+    pub(crate) fn forget(&self, paths: &[String]) -> usize {
         let n = self.notifier.lock().unwrap_or_else(|e| e.into_inner());
         let snap = self.inner.current();
         let mut inodes = self.inner.inodes.lock().unwrap_or_else(|e| e.into_inner());

@@ -36,12 +36,12 @@ impl Mounted {
     }
 
     /// Whether a keeper holds the mount (see [`serve_relayed`]).
-    pub fn is_relayed(&self) -> bool {
+    pub(crate) fn is_relayed(&self) -> bool {
         self.relay.is_some()
     }
 
     /// Whether the FUSE threads still serve (they end when the keeper's connection closes).
-    pub fn serving(&self) -> bool {
+    pub(crate) fn serving(&self) -> bool {
         self.session
             .as_ref()
             .is_some_and(|s| !s.guard.is_finished())
