@@ -171,7 +171,7 @@ fn main() {
     let tmpfs_root = shm.path().join("tree");
     mockgpu_agent::output::write_tree(&tree, &tmpfs_root).unwrap();
     let mounted =
-        mockgpu_agent::fs::mount(&tree, &fuse_root, None).expect("FUSE mount (run as root)");
+        mockgpu_agent::fuse::mount(&tree, &fuse_root, None).expect("FUSE mount (run as root)");
     let bytes = read_all(&fuse_root, &files);
     assert_eq!(bytes, read_all(&tmpfs_root, &files));
 
@@ -261,7 +261,7 @@ fn main() {
     for i in 0..100 {
         let mnt = dir.path().join(format!("fresh{i}"));
         fs::create_dir(&mnt).unwrap();
-        let m = mockgpu_agent::fs::mount(&tree, &mnt, None).unwrap();
+        let m = mockgpu_agent::fuse::mount(&tree, &mnt, None).unwrap();
         f1_fresh.push(time(|| read_all(&mnt, std::slice::from_ref(&info))));
         m.unmount().unwrap();
     }

@@ -1,10 +1,12 @@
 //! The mockgpu node agent: probes the host, places the profile's GPUs onto it, renders the
 //! NVIDIA driver tree and serves it over FUSE.
+//!
+//! The public modules are those the binary, the integration tests and the benchmarks use.
 
 pub mod device_plugin;
 pub mod doctor;
 pub mod exec;
-pub mod fs;
+pub mod fuse;
 pub mod host;
 pub mod keeper;
 pub mod mounts;
@@ -14,9 +16,10 @@ pub mod real;
 pub mod render;
 pub mod report;
 pub mod serve;
-pub mod shim;
+mod shim;
 pub mod sys;
 pub mod tree;
+mod wire;
 
 /// This program's own executable, which `serve` runs again for its helper processes (the
 /// keeper, `pin-tree`).

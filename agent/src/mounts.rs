@@ -52,7 +52,7 @@ pub fn is_mount_point(path: &Path) -> bool {
 }
 
 /// [`is_mount_point`] through `sys`.
-pub fn is_mount_point_with<S: Sys>(sys: &S, path: &Path) -> bool {
+pub(crate) fn is_mount_point_with<S: Sys>(sys: &S, path: &Path) -> bool {
     let Ok(info) = sys.mountinfo() else {
         return false;
     };
@@ -89,7 +89,7 @@ pub(crate) fn unescape(s: &str) -> String {
 /// Makes `dir` a mount point with shared propagation (bind-mounting it onto itself first if it
 /// is not one), so that a FUSE mount made inside it later reaches containers that bound `dir`
 /// with `rslave`.
-pub fn make_shared<S: Sys>(sys: &S, dir: &Path) -> Result<(), MountError> {
+pub(crate) fn make_shared<S: Sys>(sys: &S, dir: &Path) -> Result<(), MountError> {
     fs::create_dir_all(dir).map_err(|source| MountError::Call {
         what: "cannot create",
         path: dir.to_path_buf(),
@@ -108,7 +108,7 @@ pub fn make_shared<S: Sys>(sys: &S, dir: &Path) -> Result<(), MountError> {
 /// kernel cached (the mount point itself included), so the test is a lookup of a name that
 /// does not exist: `ENOTCONN` means dead, any other answer means a live server, and then the
 /// mount stays and [`MountError::InUse`] is returned.
-pub fn detach_stale<S: Sys>(sys: &S, path: &Path) -> Result<bool, MountError> {
+pub(crate) fn detach_stale<S: Sys>(sys: &S, path: &Path) -> Result<bool, MountError> {
     if !is_mount_point_with(sys, path) {
         return Ok(false);
     }

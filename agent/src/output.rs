@@ -41,7 +41,11 @@ pub fn write_tree(tree: &Tree, out: &Path) -> Result<Written, OutputError> {
 }
 
 /// [`write_tree`], creating device nodes through `sys`.
-pub fn write_tree_with<S: Sys>(sys: &S, tree: &Tree, out: &Path) -> Result<Written, OutputError> {
+pub(crate) fn write_tree_with<S: Sys>(
+    sys: &S,
+    tree: &Tree,
+    out: &Path,
+) -> Result<Written, OutputError> {
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| OutputError::Io { path, source }

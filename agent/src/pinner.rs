@@ -36,7 +36,7 @@ pub struct Walked {
 
 /// A running `pin-tree` process. Dropping it ends the process and waits for it.
 #[derive(Debug)]
-pub struct Pinner {
+pub(crate) struct Pinner {
     child: Child,
     stdin: Option<ChildStdin>,
 }
@@ -44,7 +44,11 @@ pub struct Pinner {
 impl Pinner {
     /// Starts `<program> pin-tree <mountpoint>` (`program`: this agent's executable) and hands
     /// it `tree`'s entries; returns once it has walked them all.
-    pub fn start(program: &Path, mountpoint: &Path, tree: &Tree) -> io::Result<(Pinner, Walked)> {
+    pub(crate) fn start(
+        program: &Path,
+        mountpoint: &Path,
+        tree: &Tree,
+    ) -> io::Result<(Pinner, Walked)> {
         let mut child = Command::new(program)
             .arg("pin-tree")
             .arg(mountpoint)
@@ -71,7 +75,7 @@ impl Pinner {
     }
 
     /// The process id of the `pin-tree` process.
-    pub fn id(&self) -> u32 {
+    pub(crate) fn id(&self) -> u32 {
         self.child.id()
     }
 }

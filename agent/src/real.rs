@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use mockgpu_nri::DriverGpu;
-use mockgpu_nri::inventory::{read_gpus, real_driver_loaded};
+use mockgpu_api::driver::{self, DriverGpu, TreeError};
+use mockgpu_nri::StdFiles;
 
 /// The GPUs of a loaded NVIDIA driver below `proc_root` (`/proc`) and `sys_root` (`/sys`),
 /// read by the same parser that reads the mock's tree; `None` when no driver lists a GPU.
@@ -21,6 +21,16 @@ pub fn detect(proc_root: &Path, sys_root: &Path) -> Option<Vec<DriverGpu>> {
             Some(Vec::new())
         }
     }
+}
+
+/// Whether the real NVIDIA driver below `proc_root` (`/proc`) lists any GPU.
+pub(crate) fn real_driver_loaded(proc_root: &Path) -> bool {
+    driver::real_driver_loaded(&StdFiles, proc_root)
+}
+
+/// The GPUs of the driver tree below `proc_root` and `sys_root` (see [`driver::read_gpus`]).
+pub(crate) fn read_gpus(proc_root: &Path, sys_root: &Path) -> Result<Vec<DriverGpu>, TreeError> {
+    driver::read_gpus(&StdFiles, proc_root, sys_root)
 }
 
 #[cfg(test)]

@@ -300,7 +300,7 @@ fn sysfs_device(t: &mut Tree, dir: &str, p: &Profile, gpu: &Gpu, nr_cpu_ids: u32
 }
 
 /// 4096 bytes of PCIe configuration space: the type-0 header and a PCI Express capability.
-pub fn config_space(p: &Profile, gpu: &Gpu) -> Vec<u8> {
+fn config_space(p: &Profile, gpu: &Gpu) -> Vec<u8> {
     let mut c = vec![0u8; 4096];
     let mut put = |off: usize, bytes: &[u8]| c[off..off + bytes.len()].copy_from_slice(bytes);
     put(0x00, &0x10deu16.to_le_bytes());

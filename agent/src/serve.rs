@@ -21,7 +21,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::{counter::ConstCounter, gauge::ConstGauge};
 
-use crate::fs::{Mounted, TreeHandle};
+use crate::fuse::{Mounted, TreeHandle};
 use crate::host::{HostError, SysfsHost};
 use crate::tree::Tree;
 use crate::{device_plugin, mounts, real, render, report, shim};
@@ -407,8 +407,8 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
     }
     install_shim(&cfg.layout)?;
     let mounted = match relay {
-        Some(conn) => crate::fs::serve_relayed(&tree, conn, &mountpoint, Some(&cfg.sysfs)),
-        None => crate::fs::mount(&tree, &mountpoint, Some(&cfg.sysfs)),
+        Some(conn) => crate::fuse::serve_relayed(&tree, conn, &mountpoint, Some(&cfg.sysfs)),
+        None => crate::fuse::mount(&tree, &mountpoint, Some(&cfg.sysfs)),
     }
     .map_err(|source| ServeError::Fuse {
         path: mountpoint.clone(),
@@ -418,7 +418,7 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
         // an earlier agent on this connection may have served another tree, which the kernel
         // still caches (for a day): drop it, then leave word of this one for the next agent
         let record = cfg.layout.served_paths();
-        match crate::fs::recorded_paths(&record) {
+        match crate::fuse::recorded_paths(&record) {
             Ok(old) => {
                 let forgotten = mounted.handle.forget(&old);
                 tracing::info!(
@@ -658,7 +658,7 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
 /// chose) and swaps it in place. A rejected profile keeps the previous tree.
 /// Leaves the paths of `tree` in `record` for the next agent on the keeper's connection.
 fn record_served(tree: &crate::tree::Tree, record: &Path) {
-    if let Err(e) = crate::fs::record_paths(tree, record) {
+    if let Err(e) = crate::fuse::record_paths(tree, record) {
         tracing::warn!(file = %record.display(), error = %e, "cannot record the paths served; the next agent may see stale ones");
     }
 }

@@ -51,7 +51,7 @@ pub fn enter_private_namespace<S: Sys>(sys: &S) -> nix::Result<()> {
 pub struct Linux;
 
 impl Sys for Linux {
-    type Fuse = crate::fs::Mounted;
+    type Fuse = crate::fuse::Mounted;
 
     fn mount(&self, source: Option<&Path>, target: &Path, flags: MsFlags) -> nix::Result<()> {
         nix::mount::mount(source, target, None::<&str>, flags, None::<&str>)
@@ -83,7 +83,7 @@ impl Sys for Linux {
     }
 
     fn mount_fuse(&self, tree: &Tree, mountpoint: &Path) -> io::Result<Self::Fuse> {
-        crate::fs::mount(tree, mountpoint, None)
+        crate::fuse::mount(tree, mountpoint, None)
     }
 
     fn unmount_fuse(&self, fuse: Self::Fuse) -> io::Result<()> {
@@ -92,7 +92,7 @@ impl Sys for Linux {
 }
 
 #[cfg(test)]
-pub mod fake {
+pub(crate) mod fake {
     //! A [`Sys`] that records every call and keeps a mount table of its own.
 
     use std::cell::RefCell;

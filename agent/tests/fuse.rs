@@ -74,8 +74,8 @@ fn fuse_tree_matches_render_refuses_writes_and_reloads() {
     let mnt = dir.path().join("fs");
     fs::create_dir(&mnt).unwrap();
     mockgpu_agent::output::write_tree(&tree, &plain).unwrap();
-    let m =
-        mockgpu_agent::fs::mount(&tree, &mnt, None).expect("mount FUSE (needs root and /dev/fuse)");
+    let m = mockgpu_agent::fuse::mount(&tree, &mnt, None)
+        .expect("mount FUSE (needs root and /dev/fuse)");
     assert!(mounted(&mnt));
     let options = mount_options(&mnt);
     for flag in ["ro", "nodev", "nosuid"] {
@@ -219,7 +219,7 @@ fn host_pci_devices_are_listed_live_beside_the_mock_gpus() {
     add("0000:00:1e.0");
     let mnt = dir.path().join("fs");
     fs::create_dir(&mnt).unwrap();
-    let m = mockgpu_agent::fs::mount(&tree, &mnt, Some(&sysfs)).unwrap();
+    let m = mockgpu_agent::fuse::mount(&tree, &mnt, Some(&sysfs)).unwrap();
     let pci = mnt.join("sys/bus/pci/devices");
     let gpus: Vec<String> = topo.gpus.iter().map(|g| g.bus_id.to_string()).collect();
     let mut expected = gpus.clone();
@@ -305,7 +305,7 @@ fn a_reload_between_readdir_calls_neither_skips_nor_repeats_entries() {
             .chain((0..10).map(|i| format!("g{i:02}"))),
     );
     let dir = tempfile::tempdir().unwrap();
-    let m = mockgpu_agent::fs::mount(&before, dir.path(), None).unwrap();
+    let m = mockgpu_agent::fuse::mount(&before, dir.path(), None).unwrap();
     let d = fs::File::open(dir.path().join("d")).unwrap();
     let listed = list_in_small_steps(d.as_raw_fd(), 48, || {
         m.handle.replace(&after);
@@ -331,7 +331,7 @@ fn a_reload_between_readdir_calls_neither_skips_nor_repeats_entries() {
 fn warm_pins_every_entry_in_a_child_until_unpinned() {
     let (_, tree) = common::fixed_tree("gb300");
     let dir = tempfile::tempdir().unwrap();
-    let m = mockgpu_agent::fs::mount(&tree, dir.path(), None).unwrap();
+    let m = mockgpu_agent::fuse::mount(&tree, dir.path(), None).unwrap();
     let agent = Path::new(env!("CARGO_BIN_EXE_mockgpu-agent"));
     // descriptors of process `pid` on the mounted tree
     let pins = |pid: &str| {

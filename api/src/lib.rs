@@ -6,6 +6,7 @@
 mod busid;
 mod cpuset;
 pub mod devices;
+pub mod driver;
 pub mod gpunode;
 pub mod information;
 pub mod layout;
@@ -15,6 +16,7 @@ pub mod topology;
 pub use busid::{BusId, BusIdError};
 pub use cpuset::{CpuListError, CpuSet, MAX_CPUS};
 pub use devices::{DeviceNode, DeviceNumbers, DevicesError, ProcDevices};
+pub use driver::{DriverFiles, DriverGpu, TreeError};
 pub use gpunode::{GpuNode, GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Mode, Pinning};
 pub use information::{Information, InformationError};
 pub use layout::{Layout, LayoutError};

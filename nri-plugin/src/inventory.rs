@@ -1,15 +1,17 @@
 //! The node's GPUs as the plugin needs them: the seam to the agent.
 //!
 //! The agent implements [`Inventory`] from its topology; the standalone binary uses
-//! [`DriverTreeInventory`], which reads a driver tree with [`read_gpus`], the same reader the
-//! agent's real-GPU mode uses on the real driver's files.
+//! [`DriverTreeInventory`], which reads a driver tree with [`read_gpus`] over [`StdFiles`], the
+//! same reader the agent's real-GPU mode uses on the real driver's files.
 
 use std::{
+    ffi::OsString,
     fs, io,
     path::{Path, PathBuf},
 };
 
-use mockgpu_api::{CpuSet, DeviceNumbers, Gpu, Information, ProcDevices};
+use mockgpu_api::driver::{DriverFiles, read_gpus, real_driver_loaded};
+use mockgpu_api::{DeviceNumbers, Gpu, ProcDevices};
 
 /// A consistent view of the node's GPUs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,103 +38,20 @@ pub trait Inventory: Send + Sync {
     }
 }
 
-/// Whether the real NVIDIA driver below `proc_root` (`/proc`) lists any GPU.
-pub fn real_driver_loaded(proc_root: &Path) -> bool {
-    fs::read_dir(proc_root.join("driver/nvidia/gpus")).is_ok_and(|mut d| d.next().is_some())
-}
+/// The file system, read through `std::fs`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StdFiles;
 
-/// A driver tree that cannot be read.
-#[derive(Debug, thiserror::Error)]
-pub enum TreeError {
-    /// A file or directory could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-    /// A file does not say what the driver writes.
-    #[error("{path}: {reason}")]
-    Content {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
-impl TreeError {
-    /// Whether the tree has no GPU directory at all (no driver loaded).
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, TreeError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound)
+impl DriverFiles for StdFiles {
+    fn read(&self, path: &Path) -> io::Result<String> {
+        fs::read_to_string(path)
     }
-}
 
-/// One GPU found in a driver tree: its identity and placement, and its `information` file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverGpu {
-    /// The GPU (index in minor order).
-    pub gpu: Gpu,
-    /// What its `information` file says.
-    pub information: Information,
-}
-
-/// Reads the GPUs of a driver tree: `<proc>/driver/nvidia/gpus/*/information` and each GPU's
-/// `<sys>/bus/pci/devices/<bdf>/{numa_node,local_cpulist}`; the socket is the package of the
-/// GPU's first local CPU where `<sys>/devices/system/cpu` tells, else 0. Ordered by minor.
-pub fn read_gpus(proc_root: &Path, sys_root: &Path) -> Result<Vec<DriverGpu>, TreeError> {
-    let read_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| TreeError::Read { path, source }
-    };
-    let dir = proc_root.join("driver/nvidia/gpus");
-    let mut found = Vec::new();
-    for entry in fs::read_dir(&dir).map_err(read_err(&dir))? {
-        let path = entry.map_err(read_err(&dir))?.path().join("information");
-        let text = fs::read_to_string(&path).map_err(read_err(&path))?;
-        let information = Information::parse(&text).map_err(|e| TreeError::Content {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        let device = sys_root.join(format!("bus/pci/devices/{}", information.bus_location));
-        let attr = |name: &str| fs::read_to_string(device.join(name)).ok();
-        let cpus = attr("local_cpulist")
-            .and_then(|l| CpuSet::parse_list(&l).ok())
-            .unwrap_or_default();
-        let socket = cpus
-            .iter()
-            .next()
-            .and_then(|cpu| {
-                let rel = format!("devices/system/cpu/cpu{cpu}/topology/physical_package_id");
-                fs::read_to_string(sys_root.join(rel))
-                    .ok()?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or(0);
-        found.push(DriverGpu {
-            gpu: Gpu {
-                index: 0,
-                minor: information.device_minor,
-                uuid: information.uuid.clone(),
-                bus_id: information.bus_location,
-                irq: information.irq.unwrap_or(0),
-                socket,
-                numa_node: attr("numa_node")
-                    .and_then(|n| n.trim().parse().ok())
-                    .unwrap_or(-1),
-                cpus,
-            },
-            information,
-        });
+    fn list(&self, dir: &Path) -> io::Result<Vec<OsString>> {
+        fs::read_dir(dir)?
+            .map(|entry| entry.map(|e| e.file_name()))
+            .collect()
     }
-    found.sort_by_key(|g| g.gpu.minor);
-    for (index, g) in (0..).zip(found.iter_mut()) {
-        g.gpu.index = index;
-    }
-    Ok(found)
 }
 
 /// Reads a driver tree such as the agent's FUSE mount `/run/mockgpu/fs`: its GPUs and the
@@ -156,12 +75,12 @@ impl DriverTreeInventory {
 
 impl Inventory for DriverTreeInventory {
     fn real_driver(&self) -> bool {
-        real_driver_loaded(&self.procfs)
+        real_driver_loaded(&StdFiles, &self.procfs)
     }
 
     fn snapshot(&self) -> Result<GpuInventory, NotReady> {
         let not_ready = |e: &dyn std::fmt::Display| NotReady(e.to_string());
-        let gpus = read_gpus(&self.root.join("proc"), &self.root.join("sys"))
+        let gpus = read_gpus(&StdFiles, &self.root.join("proc"), &self.root.join("sys"))
             .map_err(|e| not_ready(&e))?;
         if gpus.is_empty() {
             return Err(NotReady(format!(
@@ -283,7 +202,7 @@ mod tests {
             .unwrap_err();
         assert!(err.0.starts_with("cannot read"), "{err}");
         assert!(
-            read_gpus(&tmp.path().join("proc"), tmp.path())
+            read_gpus(&StdFiles, &tmp.path().join("proc"), tmp.path())
                 .unwrap_err()
                 .is_not_found()
         );

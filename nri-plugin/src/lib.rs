@@ -35,7 +35,7 @@ pub mod proto {
 
 pub use config::{Config, InjectionConfig};
 pub use error::{Error, Result};
-pub use inventory::{DriverGpu, DriverTreeInventory, GpuInventory, Inventory, NotReady, TreeError};
+pub use inventory::{DriverTreeInventory, GpuInventory, Inventory, NotReady, StdFiles};
 pub use pinning::{GpuRef, PinningEvent, PinningSink, PodRef};
 pub use plugin::Plugin;
 pub use status::PluginStatus;

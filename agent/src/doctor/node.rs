@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use mockgpu_api::gpunode::GpuNode;
-use mockgpu_nri::inventory::{read_gpus, real_driver_loaded};
 
+use crate::real::{read_gpus, real_driver_loaded};
 use crate::report::{Credentials, GpuNodes as _, Live as Api};
 use crate::sys::{Linux, Sys as _};
 

@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use mockgpu_api::NodeTopology;
 use mockgpu_api::gpunode::{GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Mode, Pinning, condition};
-use mockgpu_nri::{DriverGpu, PinningEvent};
+use mockgpu_api::{DriverGpu, NodeTopology};
+use mockgpu_nri::PinningEvent;
 
 use crate::device_plugin::Standing;
 
