@@ -10,6 +10,7 @@ pub mod keeper;
 pub mod mounts;
 pub mod output;
 pub mod pinner;
+pub mod profile;
 pub mod real;
 pub mod render;
 pub mod report;

@@ -4,17 +4,14 @@
 
 use std::fs;
 use std::future::Future;
-use std::io::{self, Read as _};
+use std::io;
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, mpsc};
 use std::time::{Duration, Instant};
 
-use mockgpu_api::{
-    DevicesError, Layout, NodeTopology, ProcDevices, Profile, ProfileError, TopologyError,
-};
+use mockgpu_api::{Layout, NodeTopology};
 use mockgpu_health::{HealthServer, Probe, Registry};
 use mockgpu_nri::{GpuInventory, Inventory, NotReady, PinningEvent, Plugin};
 use prometheus_client::collector::Collector;
@@ -22,66 +19,15 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::{counter::ConstCounter, gauge::ConstGauge};
 
 use crate::fs::{Mounted, TreeHandle};
-use crate::host::{HostError, SysfsHost};
-use crate::tree::Tree;
-use crate::{device_plugin, mounts, real, render, report, shim};
+use crate::profile::{self, LoadError, ProfileSource};
+use crate::{device_plugin, mounts, real, report, shim};
 
-/// Largest profile file accepted (real ones are well under 4 KiB).
-pub const MAX_PROFILE_BYTES: u64 = 1 << 20;
-
-/// Where the profile comes from.
-#[derive(Debug, Clone)]
-pub enum ProfileSource {
-    /// A built-in profile by name.
-    Builtin(String),
-    /// A YAML file, re-read when it changes (a ConfigMap's symlink swap included).
-    File(PathBuf),
-}
-
-/// Errors of `serve` and of loading what it serves.
+/// Errors of `serve`.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The profile file could not be read.
-    #[error("cannot read profile file {path}: {source}")]
-    ReadProfile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-    /// The profile path is not a regular file (a FIFO, a device, a directory).
-    #[error("profile file {path} is a {kind}, not a regular file")]
-    ProfileNotRegular {
-        /// The path.
-        path: PathBuf,
-        /// What it is.
-        kind: &'static str,
-    },
-    /// The profile file is larger than any profile.
-    #[error("profile file {path} has {size} bytes, more than the {MAX_PROFILE_BYTES} accepted")]
-    ProfileTooLarge {
-        /// The file.
-        path: PathBuf,
-        /// Its size.
-        size: u64,
-    },
-    /// The host's `/proc/devices` could not be read or parsed.
-    #[error("cannot read the host's device numbers from {path}: {reason}")]
-    ProcDevices {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// The profile is invalid.
+    /// The profile could not be loaded, or its tree not built on this host.
     #[error(transparent)]
-    Profile(#[from] ProfileError),
-    /// The GPUs do not fit this host.
-    #[error(transparent)]
-    Topology(#[from] TopologyError),
-    /// The host could not be read.
-    #[error(transparent)]
-    Host(#[from] HostError),
+    Load(#[from] LoadError),
     /// A mount chore failed.
     #[error(transparent)]
     Mount(#[from] mounts::MountError),
@@ -119,73 +65,6 @@ pub enum ServeError {
         /// The keeper's socket.
         socket: PathBuf,
     },
-}
-
-impl ProfileSource {
-    /// Loads and validates the profile; also returns the raw bytes it came from.
-    pub fn load(&self) -> Result<(Profile, Vec<u8>), ServeError> {
-        match self {
-            ProfileSource::Builtin(name) => Ok((Profile::builtin(name)?, name.as_bytes().to_vec())),
-            ProfileSource::File(path) => {
-                let raw = read_profile_file(path)?;
-                Ok((parse_profile_file(path, &raw)?, raw))
-            }
-        }
-    }
-}
-
-/// Reads a profile file: a regular file (a FIFO would block for ever) of at most
-/// [`MAX_PROFILE_BYTES`] (a huge file is refused, not read whole).
-fn read_profile_file(path: &Path) -> Result<Vec<u8>, ServeError> {
-    let io_err = |source| ServeError::ReadProfile {
-        path: path.to_path_buf(),
-        source,
-    };
-    // O_NONBLOCK: opening a FIFO without a writer must not block before the type is checked.
-    let mut file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io_err)?;
-    let meta = file.metadata().map_err(io_err)?;
-    let ft = meta.file_type();
-    if !ft.is_file() {
-        let kind = if ft.is_fifo() {
-            "FIFO"
-        } else if ft.is_dir() {
-            "directory"
-        } else if ft.is_socket() {
-            "socket"
-        } else {
-            "device"
-        };
-        return Err(ServeError::ProfileNotRegular {
-            path: path.to_path_buf(),
-            kind,
-        });
-    }
-    if meta.len() > MAX_PROFILE_BYTES {
-        return Err(ServeError::ProfileTooLarge {
-            path: path.to_path_buf(),
-            size: meta.len(),
-        });
-    }
-    let mut raw = Vec::with_capacity(meta.len() as usize);
-    file.by_ref()
-        .take(MAX_PROFILE_BYTES + 1)
-        .read_to_end(&mut raw)
-        .map_err(io_err)?;
-    if raw.len() as u64 > MAX_PROFILE_BYTES {
-        return Err(ServeError::ProfileTooLarge {
-            path: path.to_path_buf(),
-            size: raw.len() as u64,
-        });
-    }
-    Ok(raw)
-}
-
-fn parse_profile_file(path: &Path, raw: &[u8]) -> Result<Profile, ProfileError> {
-    Profile::from_yaml(&String::from_utf8_lossy(raw), &path.display().to_string())
 }
 
 /// Settings of `serve`.
@@ -339,32 +218,6 @@ impl Collector for AgentMetrics {
     }
 }
 
-/// Reads the host's `/proc/devices` below `procfs`.
-pub fn host_devices(procfs: &Path) -> Result<ProcDevices, ServeError> {
-    let path = procfs.join("devices");
-    let error = |reason: String| ServeError::ProcDevices {
-        path: path.clone(),
-        reason,
-    };
-    let text = fs::read_to_string(&path).map_err(|e| error(e.to_string()))?;
-    ProcDevices::parse(&text).map_err(|e: DevicesError| error(e.to_string()))
-}
-
-/// Probes the host below `sysfs` and `procfs`, places `profile`'s GPUs onto it for `node_name`
-/// and renders their driver tree.
-pub fn build(
-    profile: &Profile,
-    node_name: &str,
-    sysfs: &Path,
-    procfs: &Path,
-) -> Result<(NodeTopology, Tree), ServeError> {
-    let mut host = SysfsHost::new(sysfs).probe()?;
-    host.devices = host_devices(procfs)?;
-    let topo = NodeTopology::build(profile, node_name, &host)?;
-    let tree = render::driver_tree(&topo, &host);
-    Ok((topo, tree))
-}
-
 /// Writes the shim and `ld.so.preload` (naming the shim where containers see it).
 fn install_shim(layout: &Layout) -> Result<(), ServeError> {
     let lib_dir = layout.lib_dir();
@@ -383,7 +236,7 @@ fn install_shim(layout: &Layout) -> Result<(), ServeError> {
 /// async runtime.
 fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeError> {
     let (profile, raw) = cfg.profile.load()?;
-    let (topo, tree) = build(&profile, &cfg.node_name, &cfg.sysfs, &cfg.procfs)?;
+    let (topo, tree) = profile::build(&profile, &cfg.node_name, &cfg.sysfs, &cfg.procfs)?;
     let dir = cfg.layout.host_dir();
     let mountpoint = cfg.layout.mount_point();
     let root = nix::unistd::geteuid().is_root();
@@ -653,9 +506,6 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     }
 }
 
-/// Every `reload_interval` until `stop` is dropped: rebuilds the tree when the profile file or
-/// the host's `/proc/devices` changed (a module loaded since may have taken a major the mock
-/// chose) and swaps it in place. A rejected profile keeps the previous tree.
 /// Leaves the paths of `tree` in `record` for the next agent on the keeper's connection.
 fn record_served(tree: &crate::tree::Tree, record: &Path) {
     if let Err(e) = crate::fs::record_paths(tree, record) {
@@ -663,8 +513,10 @@ fn record_served(tree: &crate::tree::Tree, record: &Path) {
     }
 }
 
-/// Reloads the tree when the profile or `/proc/devices` changes; `record` as [`record_served`]
-/// (relayed connections only).
+/// Every `reload_interval` until `stop` is dropped: rebuilds the tree when the profile file or
+/// the host's `/proc/devices` changed (a module loaded since may have taken a major the mock
+/// chose) and swaps it in place. A rejected profile keeps the previous tree. `record` as
+/// [`record_served`] (relayed connections only).
 fn reload_loop(
     state: &AgentState,
     cfg: &ServeConfig,
@@ -676,30 +528,24 @@ fn reload_loop(
     let devices_path = cfg.procfs.join("devices");
     let mut devices = fs::read(&devices_path).unwrap_or_default();
     while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(cfg.reload_interval) {
-        let profile_now = match &cfg.profile {
-            ProfileSource::File(path) => match read_profile_file(path) {
-                Ok(now) => now,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read profile file");
-                    continue;
-                }
-            },
-            ProfileSource::Builtin(_) => raw.clone(),
+        let profile_now = match cfg.profile.read() {
+            Ok(now) => now,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read profile file");
+                continue;
+            }
         };
         let devices_now = fs::read(&devices_path).unwrap_or_default();
         if profile_now == raw && devices_now == devices {
             continue;
         }
-        let profile = match &cfg.profile {
-            ProfileSource::File(path) => parse_profile_file(path, &profile_now),
-            ProfileSource::Builtin(name) => Profile::builtin(name),
-        };
+        let built = cfg
+            .profile
+            .parse(&profile_now)
+            .and_then(|p| profile::build(&p, &cfg.node_name, &cfg.sysfs, &cfg.procfs));
         raw = profile_now;
         devices = devices_now;
-        match profile
-            .map_err(ServeError::from)
-            .and_then(|p| build(&p, &cfg.node_name, &cfg.sysfs, &cfg.procfs))
-        {
+        match built {
             Ok((topo, tree)) => {
                 let changed = handle.replace(&tree);
                 if let Some(record) = record {
