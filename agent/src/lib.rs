@@ -8,6 +8,7 @@ pub mod fs;
 pub mod host;
 pub mod keeper;
 pub mod mounts;
+pub mod node;
 pub mod output;
 pub mod pinner;
 pub mod profile;

@@ -19,8 +19,10 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::{counter::ConstCounter, gauge::ConstGauge};
 
 use crate::fs::{Mounted, TreeHandle};
+use crate::node::{self, SetupError};
 use crate::profile::{self, LoadError, ProfileSource};
-use crate::{device_plugin, mounts, real, report, shim};
+use crate::tree::Tree;
+use crate::{device_plugin, real, report};
 
 /// Errors of `serve`.
 #[derive(Debug, thiserror::Error)]
@@ -28,17 +30,9 @@ pub enum ServeError {
     /// The profile could not be loaded, or its tree not built on this host.
     #[error(transparent)]
     Load(#[from] LoadError),
-    /// A mount chore failed.
+    /// The node could not be set up for serving.
     #[error(transparent)]
-    Mount(#[from] mounts::MountError),
-    /// A file of the installation could not be written.
-    #[error("cannot install {path}: {source}")]
-    Install {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
+    Setup(#[from] SetupError),
     /// FUSE could not mount.
     #[error("cannot mount the driver tree at {path}: {source}")]
     Fuse {
@@ -56,9 +50,14 @@ pub enum ServeError {
     /// The device plugin failed (or refused to start).
     #[error(transparent)]
     DevicePlugin(#[from] device_plugin::DevicePluginError),
-    /// The keeper could not be reached or started.
-    #[error(transparent)]
-    Keeper(#[from] crate::keeper::KeeperError),
+    /// A thread of the agent could not be started.
+    #[error("cannot start the {name} thread: {source}")]
+    Thread {
+        /// The thread's name.
+        name: &'static str,
+        /// Why.
+        source: io::Error,
+    },
     /// The keeper closed the connection (it died): the mount is dead until a new keeper mounts.
     #[error("the keeper at {socket} closed the FUSE connection; restart the agent to mount afresh")]
     KeeperLost {
@@ -218,47 +217,13 @@ impl Collector for AgentMetrics {
     }
 }
 
-/// Writes the shim and `ld.so.preload` (naming the shim where containers see it).
-fn install_shim(layout: &Layout) -> Result<(), ServeError> {
-    let lib_dir = layout.lib_dir();
-    shim::install(&lib_dir).map_err(|source| ServeError::Install {
-        path: lib_dir.join(shim::FILE_NAME),
-        source,
-    })?;
-    let preload = layout.ld_so_preload();
-    fs::write(&preload, layout.ld_so_preload_content()).map_err(|source| ServeError::Install {
-        path: preload,
-        source,
-    })
-}
-
 /// Everything from loading the profile to a mounted, warmed tree: blocking work, run off the
 /// async runtime.
 fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeError> {
     let (profile, raw) = cfg.profile.load()?;
     let (topo, tree) = profile::build(&profile, &cfg.node_name, &cfg.sysfs, &cfg.procfs)?;
-    let dir = cfg.layout.host_dir();
+    let relay = node::set_up(&cfg.layout, cfg.keeper)?;
     let mountpoint = cfg.layout.mount_point();
-    let root = nix::unistd::geteuid().is_root();
-    // The keeper makes the directory shared and mounts; a live keeper's mount stays as it is.
-    let relay = (cfg.keeper && root)
-        .then(|| crate::keeper::attach(&cfg.layout))
-        .transpose()?;
-    if relay.is_none() {
-        if root {
-            mounts::make_shared(&crate::sys::Linux, dir)?;
-        } else {
-            tracing::warn!(dir = %dir.display(), "not root: cannot make the directory a shared mount; containers will not see agent restarts");
-        }
-        if mounts::detach_stale(&crate::sys::Linux, &mountpoint)? {
-            tracing::warn!(mountpoint = %mountpoint.display(), "detached a stale mount left by a previous agent");
-        }
-        fs::create_dir_all(&mountpoint).map_err(|source| ServeError::Install {
-            path: mountpoint.clone(),
-            source,
-        })?;
-    }
-    install_shim(&cfg.layout)?;
     let mounted = match relay {
         Some(conn) => crate::fs::serve_relayed(&tree, conn, &mountpoint, Some(&cfg.sysfs)),
         None => crate::fs::mount(&tree, &mountpoint, Some(&cfg.sysfs)),
@@ -268,22 +233,7 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
         source,
     })?;
     if mounted.is_relayed() {
-        // an earlier agent on this connection may have served another tree, which the kernel
-        // still caches (for a day): drop it, then leave word of this one for the next agent
-        let record = cfg.layout.served_paths();
-        match crate::fs::recorded_paths(&record) {
-            Ok(old) => {
-                let forgotten = mounted.handle.forget(&old);
-                tracing::info!(
-                    forgotten,
-                    "the kernel's caches of the tree served before dropped"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(file = %record.display(), error = %e, "cannot read the paths served before; the kernel may keep some of them")
-            }
-        }
-        record_served(&tree, &record);
+        take_over_caches(&mounted, &tree, &cfg.layout.served_paths());
     }
     let warmed = mounted.handle.warm(&tree, Path::new(crate::SELF_EXE));
     tracing::info!(
@@ -291,6 +241,25 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
         mountpoint = %mountpoint.display(), warmed, "driver tree mounted and cached"
     );
     Ok((topo, raw, mounted))
+}
+
+/// On a keeper's connection, an earlier agent may have served another tree, which the kernel
+/// still caches (for a day): drops what `record` lists, then leaves word of `tree` there for
+/// the next agent.
+fn take_over_caches(mounted: &Mounted, tree: &Tree, record: &Path) {
+    match crate::fs::recorded_paths(record) {
+        Ok(old) => {
+            let forgotten = mounted.handle.forget(&old);
+            tracing::info!(
+                forgotten,
+                "the kernel's caches of the tree served before dropped"
+            );
+        }
+        Err(e) => {
+            tracing::warn!(file = %record.display(), error = %e, "cannot read the paths served before; the kernel may keep some of them")
+        }
+    }
+    record_served(tree, record);
 }
 
 /// Runs until `shutdown` completes, then unmounts. File, mount and FUSE work runs on other
@@ -427,8 +396,8 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
                     &reload_stopped,
                 );
             })
-            .map_err(|source| ServeError::Install {
-                path: "reload thread".into(),
+            .map_err(|source| ServeError::Thread {
+                name: "reload",
                 source,
             })?
     };
@@ -507,7 +476,7 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
 }
 
 /// Leaves the paths of `tree` in `record` for the next agent on the keeper's connection.
-fn record_served(tree: &crate::tree::Tree, record: &Path) {
+fn record_served(tree: &Tree, record: &Path) {
     if let Err(e) = crate::fs::record_paths(tree, record) {
         tracing::warn!(file = %record.display(), error = %e, "cannot record the paths served; the next agent may see stale ones");
     }
