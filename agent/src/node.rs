@@ -31,8 +31,8 @@ pub enum SetupError {
 
 /// Readies the node for the tree's mount at `layout` and installs the shim. With `keeper` (root
 /// only) through the keeper, whose connection it returns: the keeper makes the directory shared
-/// and mounts, and a live keeper's mount stays as it is. Otherwise the agent mounts itself, see
-/// [`prepare_mount_point`].
+/// and mounts, and a live keeper's mount stays as it is. Otherwise for the agent's own mount: the
+/// directory made a shared mount (as root), a stale mount detached, the mount point created.
 pub fn set_up(layout: &Layout, keeper: bool) -> Result<Option<OwnedFd>, SetupError> {
     let root = nix::unistd::geteuid().is_root();
     let relay = (keeper && root)

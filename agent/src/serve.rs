@@ -1,6 +1,6 @@
-//! `mockgpu-agent serve`: the DaemonSet process. Mounts the driver tree over FUSE, installs the
-//! shim, follows profile changes, runs the NRI plugin and the kubelet device plugin in-process
-//! and answers health checks.
+//! `mockgpu-agent serve`: the DaemonSet process. Loads the profile ([`crate::profile`]), sets
+//! the node up ([`crate::node`]), mounts the driver tree over FUSE, follows profile changes, runs
+//! the NRI plugin and the kubelet device plugin in-process and answers health checks.
 
 use std::fs;
 use std::future::Future;
