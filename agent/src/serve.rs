@@ -423,7 +423,7 @@ impl Agent {
         device_plugin_metrics: device_plugin::Metrics,
     ) -> Option<JoinHandle<()>> {
         // The reporter follows the published topology and the pinning events the log passes on
-        // (until the plugin drops its sender: not waited for).
+        // (the forwarder ends when the plugin drops its sender; it is not waited for).
         let (report_tx, report_rx) = tokio::sync::mpsc::unbounded_channel::<PinningEvent>();
         let plugin = nri.map(|(plugin, mut rx)| {
             tokio::spawn(async move {
@@ -434,7 +434,8 @@ impl Agent {
             });
             plugin
         });
-        // The device plugin tells the reporter whether it serves or stands down for another plugin.
+        // The device plugin tells the reporter whether it serves or stands down for another
+        // plugin.
         let (standing_tx, standing_rx) = watch::channel(device_plugin::Standing::default());
         let reporter = self.cfg.report.clone().map(|r| {
             let served = self.state.published.subscribe();
@@ -453,20 +454,13 @@ impl Agent {
         if let Some(config) = self.cfg.device_plugin.clone() {
             let topology = self.state.published.subscribe();
             let stop = self.stop.clone().cancelled_owned();
-            // dropped when the task ends, a panic included
+            // cancels `device_plugin_ended` when the task ends, by a panic too
             let ended = self.device_plugin_ended.clone().drop_guard();
             self.tasks.spawn(async move {
                 let _ended = ended;
-                let sys = crate::sys::Linux;
-                let result = device_plugin::run(
-                    config,
-                    sys,
-                    topology,
-                    device_plugin_metrics,
-                    standing_tx,
-                    stop,
-                );
-                Ended::DevicePlugin(result.await)
+                let (sys, metrics) = (crate::sys::Linux, device_plugin_metrics);
+                let run = device_plugin::run(config, sys, topology, metrics, standing_tx, stop);
+                Ended::DevicePlugin(run.await)
             });
         }
         reporter
