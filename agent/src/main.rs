@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mockgpu_agent::output;
-use mockgpu_agent::serve::{self, ProfileSource, ServeConfig};
+use mockgpu_agent::profile::{self, ProfileSource};
+use mockgpu_agent::serve::{self, ServeConfig};
 use mockgpu_agent::tree::Tree;
 use mockgpu_api::NodeTopology;
 
@@ -465,7 +466,7 @@ fn or_hostname(name: Option<String>) -> Result<String> {
 /// The profile's GPUs placed onto this host, and their driver tree.
 fn topology(args: &ProfileArgs) -> Result<(NodeTopology, Tree)> {
     let (profile, _) = profile_source(args).load()?;
-    Ok(serve::build(
+    Ok(profile::build(
         &profile,
         &node_name(args)?,
         &args.sysfs,

@@ -1,98 +1,42 @@
-//! `mockgpu-agent serve`: the DaemonSet process. Mounts the driver tree over FUSE, installs the
-//! shim, follows profile changes, runs the NRI plugin and the kubelet device plugin in-process
-//! and answers health checks.
+//! `mockgpu-agent serve`: the DaemonSet process. Loads the profile ([`crate::profile`]), sets
+//! the node up ([`crate::node`]), mounts the driver tree over FUSE, follows profile changes, runs
+//! the NRI plugin and the kubelet device plugin in-process and answers health checks.
 
 use std::fs;
 use std::future::Future;
-use std::io::{self, Read as _};
+use std::io;
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, mpsc};
 use std::time::{Duration, Instant};
 
-use mockgpu_api::{
-    DevicesError, Layout, NodeTopology, ProcDevices, Profile, ProfileError, TopologyError,
-};
+use mockgpu_api::{DriverGpu, Layout, NodeTopology};
 use mockgpu_health::{HealthServer, Probe, Registry};
 use mockgpu_nri::{GpuInventory, Inventory, NotReady, PinningEvent, Plugin};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::{counter::ConstCounter, gauge::ConstGauge};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
 
 use crate::fuse::{Mounted, TreeHandle};
-use crate::host::{HostError, SysfsHost};
+use crate::node::{self, SetupError};
+use crate::profile::{self, LoadError, ProfileSource};
 use crate::tree::Tree;
-use crate::{device_plugin, mounts, real, render, report, shim};
+use crate::{device_plugin, real, report};
 
-/// Largest profile file accepted (real ones are well under 4 KiB).
-pub const MAX_PROFILE_BYTES: u64 = 1 << 20;
-
-/// Where the profile comes from.
-#[derive(Debug, Clone)]
-pub enum ProfileSource {
-    /// A built-in profile by name.
-    Builtin(String),
-    /// A YAML file, re-read when it changes (a ConfigMap's symlink swap included).
-    File(PathBuf),
-}
-
-/// Errors of `serve` and of loading what it serves.
+/// Errors of `serve`.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The profile file could not be read.
-    #[error("cannot read profile file {path}: {source}")]
-    ReadProfile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
-    /// The profile path is not a regular file (a FIFO, a device, a directory).
-    #[error("profile file {path} is a {kind}, not a regular file")]
-    ProfileNotRegular {
-        /// The path.
-        path: PathBuf,
-        /// What it is.
-        kind: &'static str,
-    },
-    /// The profile file is larger than any profile.
-    #[error("profile file {path} has {size} bytes, more than the {MAX_PROFILE_BYTES} accepted")]
-    ProfileTooLarge {
-        /// The file.
-        path: PathBuf,
-        /// Its size.
-        size: u64,
-    },
-    /// The host's `/proc/devices` could not be read or parsed.
-    #[error("cannot read the host's device numbers from {path}: {reason}")]
-    ProcDevices {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// The profile is invalid.
+    /// The profile could not be loaded, or its tree not built on this host.
     #[error(transparent)]
-    Profile(#[from] ProfileError),
-    /// The GPUs do not fit this host.
+    Load(#[from] LoadError),
+    /// The node could not be set up for serving.
     #[error(transparent)]
-    Topology(#[from] TopologyError),
-    /// The host could not be read.
-    #[error(transparent)]
-    Host(#[from] HostError),
-    /// A mount chore failed.
-    #[error(transparent)]
-    Mount(#[from] mounts::MountError),
-    /// A file of the installation could not be written.
-    #[error("cannot install {path}: {source}")]
-    Install {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: io::Error,
-    },
+    Setup(#[from] SetupError),
     /// FUSE could not mount.
     #[error("cannot mount the driver tree at {path}: {source}")]
     Fuse {
@@ -107,85 +51,23 @@ pub enum ServeError {
     /// The NRI plugin failed.
     #[error(transparent)]
     Nri(#[from] mockgpu_nri::Error),
-    /// The device plugin failed (or refused to start).
+    /// The device plugin failed (its kubelet checkpoint unreadable, device nodes not made).
     #[error(transparent)]
     DevicePlugin(#[from] device_plugin::DevicePluginError),
-    /// The keeper could not be reached or started.
-    #[error(transparent)]
-    Keeper(#[from] crate::keeper::KeeperError),
+    /// A thread of the agent could not be started.
+    #[error("cannot start the {name} thread: {source}")]
+    Thread {
+        /// The thread's name.
+        name: &'static str,
+        /// Why.
+        source: io::Error,
+    },
     /// The keeper closed the connection (it died): the mount is dead until a new keeper mounts.
     #[error("the keeper at {socket} closed the FUSE connection; restart the agent to mount afresh")]
     KeeperLost {
         /// The keeper's socket.
         socket: PathBuf,
     },
-}
-
-impl ProfileSource {
-    /// Loads and validates the profile; also returns the raw bytes it came from.
-    pub fn load(&self) -> Result<(Profile, Vec<u8>), ServeError> {
-        match self {
-            ProfileSource::Builtin(name) => Ok((Profile::builtin(name)?, name.as_bytes().to_vec())),
-            ProfileSource::File(path) => {
-                let raw = read_profile_file(path)?;
-                Ok((parse_profile_file(path, &raw)?, raw))
-            }
-        }
-    }
-}
-
-/// Reads a profile file: a regular file (a FIFO would block for ever) of at most
-/// [`MAX_PROFILE_BYTES`] (a huge file is refused, not read whole).
-fn read_profile_file(path: &Path) -> Result<Vec<u8>, ServeError> {
-    let io_err = |source| ServeError::ReadProfile {
-        path: path.to_path_buf(),
-        source,
-    };
-    // O_NONBLOCK: opening a FIFO without a writer must not block before the type is checked.
-    let mut file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io_err)?;
-    let meta = file.metadata().map_err(io_err)?;
-    let ft = meta.file_type();
-    if !ft.is_file() {
-        let kind = if ft.is_fifo() {
-            "FIFO"
-        } else if ft.is_dir() {
-            "directory"
-        } else if ft.is_socket() {
-            "socket"
-        } else {
-            "device"
-        };
-        return Err(ServeError::ProfileNotRegular {
-            path: path.to_path_buf(),
-            kind,
-        });
-    }
-    if meta.len() > MAX_PROFILE_BYTES {
-        return Err(ServeError::ProfileTooLarge {
-            path: path.to_path_buf(),
-            size: meta.len(),
-        });
-    }
-    let mut raw = Vec::with_capacity(meta.len() as usize);
-    file.by_ref()
-        .take(MAX_PROFILE_BYTES + 1)
-        .read_to_end(&mut raw)
-        .map_err(io_err)?;
-    if raw.len() as u64 > MAX_PROFILE_BYTES {
-        return Err(ServeError::ProfileTooLarge {
-            path: path.to_path_buf(),
-            size: raw.len() as u64,
-        });
-    }
-    Ok(raw)
-}
-
-fn parse_profile_file(path: &Path, raw: &[u8]) -> Result<Profile, ProfileError> {
-    Profile::from_yaml(&String::from_utf8_lossy(raw), &path.display().to_string())
 }
 
 /// Settings of `serve`.
@@ -339,73 +221,13 @@ impl Collector for AgentMetrics {
     }
 }
 
-/// Reads the host's `/proc/devices` below `procfs`.
-pub fn host_devices(procfs: &Path) -> Result<ProcDevices, ServeError> {
-    let path = procfs.join("devices");
-    let error = |reason: String| ServeError::ProcDevices {
-        path: path.clone(),
-        reason,
-    };
-    let text = fs::read_to_string(&path).map_err(|e| error(e.to_string()))?;
-    ProcDevices::parse(&text).map_err(|e: DevicesError| error(e.to_string()))
-}
-
-/// Probes the host below `sysfs` and `procfs`, places `profile`'s GPUs onto it for `node_name`
-/// and renders their driver tree.
-pub fn build(
-    profile: &Profile,
-    node_name: &str,
-    sysfs: &Path,
-    procfs: &Path,
-) -> Result<(NodeTopology, Tree), ServeError> {
-    let mut host = SysfsHost::new(sysfs).probe()?;
-    host.devices = host_devices(procfs)?;
-    let topo = NodeTopology::build(profile, node_name, &host)?;
-    let tree = render::driver_tree(&topo, &host);
-    Ok((topo, tree))
-}
-
-/// Writes the shim and `ld.so.preload` (naming the shim where containers see it).
-fn install_shim(layout: &Layout) -> Result<(), ServeError> {
-    let lib_dir = layout.lib_dir();
-    shim::install(&lib_dir).map_err(|source| ServeError::Install {
-        path: lib_dir.join(shim::FILE_NAME),
-        source,
-    })?;
-    let preload = layout.ld_so_preload();
-    fs::write(&preload, layout.ld_so_preload_content()).map_err(|source| ServeError::Install {
-        path: preload,
-        source,
-    })
-}
-
 /// Everything from loading the profile to a mounted, warmed tree: blocking work, run off the
 /// async runtime.
 fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeError> {
     let (profile, raw) = cfg.profile.load()?;
-    let (topo, tree) = build(&profile, &cfg.node_name, &cfg.sysfs, &cfg.procfs)?;
-    let dir = cfg.layout.host_dir();
+    let (topo, tree) = profile::build(&profile, &cfg.node_name, &cfg.sysfs, &cfg.procfs)?;
+    let relay = node::set_up(&cfg.layout, cfg.keeper)?;
     let mountpoint = cfg.layout.mount_point();
-    let root = nix::unistd::geteuid().is_root();
-    // The keeper makes the directory shared and mounts; a live keeper's mount stays as it is.
-    let relay = (cfg.keeper && root)
-        .then(|| crate::keeper::attach(&cfg.layout))
-        .transpose()?;
-    if relay.is_none() {
-        if root {
-            mounts::make_shared(&crate::sys::Linux, dir)?;
-        } else {
-            tracing::warn!(dir = %dir.display(), "not root: cannot make the directory a shared mount; containers will not see agent restarts");
-        }
-        if mounts::detach_stale(&crate::sys::Linux, &mountpoint)? {
-            tracing::warn!(mountpoint = %mountpoint.display(), "detached a stale mount left by a previous agent");
-        }
-        fs::create_dir_all(&mountpoint).map_err(|source| ServeError::Install {
-            path: mountpoint.clone(),
-            source,
-        })?;
-    }
-    install_shim(&cfg.layout)?;
     let mounted = match relay {
         Some(conn) => crate::fuse::serve_relayed(&tree, conn, &mountpoint, Some(&cfg.sysfs)),
         None => crate::fuse::mount(&tree, &mountpoint, Some(&cfg.sysfs)),
@@ -415,22 +237,7 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
         source,
     })?;
     if mounted.is_relayed() {
-        // an earlier agent on this connection may have served another tree, which the kernel
-        // still caches (for a day): drop it, then leave word of this one for the next agent
-        let record = cfg.layout.served_paths();
-        match crate::fuse::recorded_paths(&record) {
-            Ok(old) => {
-                let forgotten = mounted.handle.forget(&old);
-                tracing::info!(
-                    forgotten,
-                    "the kernel's caches of the tree served before dropped"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(file = %record.display(), error = %e, "cannot read the paths served before; the kernel may keep some of them")
-            }
-        }
-        record_served(&tree, &record);
+        take_over_caches(&mounted, &tree, &cfg.layout.served_paths());
     }
     let warmed = mounted.handle.warm(&tree, Path::new(crate::SELF_EXE));
     tracing::info!(
@@ -440,45 +247,155 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
     Ok((topo, raw, mounted))
 }
 
+/// On a keeper's connection, an earlier agent may have served another tree, which the kernel
+/// still caches (for a day): drops what `record` lists, then leaves word of `tree` there for
+/// the next agent.
+fn take_over_caches(mounted: &Mounted, tree: &Tree, record: &Path) {
+    match crate::fuse::recorded_paths(record) {
+        Ok(old) => {
+            let forgotten = mounted.handle.forget(&old);
+            tracing::info!(
+                forgotten,
+                "the kernel's caches of the tree served before dropped"
+            );
+        }
+        Err(e) => {
+            tracing::warn!(file = %record.display(), error = %e, "cannot read the paths served before; the kernel may keep some of them")
+        }
+    }
+    record_served(tree, record);
+}
+
 /// Runs until `shutdown` completes, then unmounts. File, mount and FUSE work runs on other
 /// threads than the async runtime's, so that NRI requests and health checks are answered while
 /// the tree is built, mounted or reloaded.
 pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
-    let started = Instant::now();
-    let state = Arc::new(AgentState::default());
-    let real_gpus = real::detect(&cfg.procfs, &cfg.sysfs);
-    let mut probes: Vec<Arc<dyn Probe>> = vec![state.clone()];
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(AgentMetrics(state.clone())));
-    let mut plugin = None;
-    let mut pinning_rx = None;
-    if let (Some(nri), None) = (cfg.nri.clone(), &real_gpus) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<PinningEvent>();
-        let p = Plugin::new(nri, state.clone(), Arc::new(tx))?;
-        probes.push(Arc::new(p.status()));
-        p.status().register(&mut registry);
-        plugin = Some(p);
-        pinning_rx = Some(rx);
-    }
-    let device_plugin_metrics = device_plugin::Metrics::default();
-    if cfg.device_plugin.is_some() {
-        device_plugin_metrics.register(&mut registry);
-    }
-    let health = HealthServer::bind(cfg.listen).await?;
-    if let Ok(addr) = health.local_addr() {
-        tracing::info!(%addr, "health endpoint listening");
-    }
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let health_task = tokio::spawn(health.serve(probes, registry, stopped(stop_rx.clone())));
-
+    let mut agent = Agent::new(cfg);
+    let real_gpus = real::detect(&agent.cfg.procfs, &agent.cfg.sysfs);
+    let observed = agent.observe(real_gpus.is_none())?;
+    agent
+        .start_health(observed.probes, observed.registry)
+        .await?;
     if let Some(gpus) = real_gpus {
-        state.real_gpus.store(gpus.len() as u64, Ordering::Relaxed);
-        let reporter = cfg.report.clone().map(|r| {
-            let served = tokio::sync::watch::channel(Some(report::RealGpus(gpus.clone()))).1;
-            report::start(r, served, None, None, stopped(stop_rx.clone()))
+        return agent.run_real_mode(gpus, shutdown).await;
+    }
+    let reporter = agent.start_tasks(observed.nri, observed.device_plugin_metrics);
+    let (mounted, raw) = agent.mount_and_publish().await?;
+    let reloader = agent.start_reload(&mounted, raw)?;
+    let end = agent.wait_for_end(shutdown, &mounted).await;
+    agent.shut_down(end, reporter, reloader, mounted).await
+}
+
+/// What the steps of [`run`] share.
+struct Agent {
+    cfg: ServeConfig,
+    started: Instant,
+    state: Arc<AgentState>,
+    /// Cancelled to stop every task.
+    stop: CancellationToken,
+    /// The tasks waited for when stopping.
+    tasks: JoinSet<Ended>,
+    /// Cancelled when the device plugin task ends (never without one).
+    device_plugin_ended: CancellationToken,
+}
+
+/// How a task of [`Agent::tasks`] ended.
+enum Ended {
+    Health,
+    Nri(Result<(), mockgpu_nri::Error>),
+    DevicePlugin(Result<(), device_plugin::DevicePluginError>),
+}
+
+/// Why the agent stops.
+enum End {
+    Shutdown,
+    DevicePluginEnded,
+    KeeperLost,
+}
+
+/// What the health endpoint answers from, and the NRI plugin made for it.
+struct Observed {
+    probes: Vec<Arc<dyn Probe>>,
+    registry: Registry,
+    /// The NRI plugin and the receiver of its pinning events.
+    nri: Option<(Plugin, UnboundedReceiver<PinningEvent>)>,
+    device_plugin_metrics: device_plugin::Metrics,
+}
+
+/// The reload thread and the sender whose drop stops it.
+struct Reloader {
+    stop: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Agent {
+    fn new(cfg: ServeConfig) -> Self {
+        Self {
+            cfg,
+            started: Instant::now(),
+            state: Arc::new(AgentState::default()),
+            stop: CancellationToken::new(),
+            tasks: JoinSet::new(),
+            device_plugin_ended: CancellationToken::new(),
+        }
+    }
+
+    /// The agent's probe and metrics, those of the NRI plugin (made here; only in `mock` mode)
+    /// and of the device plugin.
+    fn observe(&self, mock: bool) -> Result<Observed, ServeError> {
+        let mut probes: Vec<Arc<dyn Probe>> = vec![self.state.clone()];
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(AgentMetrics(self.state.clone())));
+        let mut nri = None;
+        if let Some(config) = self.cfg.nri.clone().filter(|_| mock) {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<PinningEvent>();
+            let plugin = Plugin::new(config, self.state.clone(), Arc::new(tx))?;
+            probes.push(Arc::new(plugin.status()));
+            plugin.status().register(&mut registry);
+            nri = Some((plugin, rx));
+        }
+        let device_plugin_metrics = device_plugin::Metrics::default();
+        if self.cfg.device_plugin.is_some() {
+            device_plugin_metrics.register(&mut registry);
+        }
+        Ok(Observed {
+            probes,
+            registry,
+            nri,
+            device_plugin_metrics,
+        })
+    }
+
+    /// Binds the health endpoint and serves it until stopped.
+    async fn start_health(
+        &mut self,
+        probes: Vec<Arc<dyn Probe>>,
+        registry: Registry,
+    ) -> Result<(), ServeError> {
+        let health = HealthServer::bind(self.cfg.listen).await?;
+        if let Ok(addr) = health.local_addr() {
+            tracing::info!(%addr, "health endpoint listening");
+        }
+        let stop = self.stop.clone().cancelled_owned();
+        self.tasks.spawn(async move {
+            health.serve(probes, registry, stop).await;
+            Ended::Health
+        });
+        Ok(())
+    }
+
+    /// On a node with a real driver: mocks nothing, reports the real GPUs until `shutdown`.
+    async fn run_real_mode(
+        mut self,
+        gpus: Vec<DriverGpu>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ServeError> {
+        self.state
+            .real_gpus
+            .store(gpus.len() as u64, Ordering::Relaxed);
+        let reporter = self.cfg.report.clone().map(|r| {
+            let served = watch::channel(Some(report::RealGpus(gpus.clone()))).1;
+            report::start(r, served, None, None, self.stop.clone().cancelled_owned())
         });
         for g in &gpus {
             tracing::info!(bus_id = %g.gpu.bus_id, model = %g.information.model, uuid = %g.gpu.uuid, minor = g.gpu.minor, cpus = %g.gpu.cpus.to_list(), "real GPU");
@@ -487,147 +404,184 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
             count = gpus.len(),
             "real NVIDIA driver found: mocking nothing, reporting only"
         );
-        if cfg.device_plugin.is_some() {
+        if self.cfg.device_plugin.is_some() {
             tracing::warn!("device plugin not started: this node has real GPUs");
         }
         shutdown.await;
-        let _ = stop_tx.send(true);
+        self.stop.cancel();
         if let Some(r) = reporter {
             let _ = r.await;
         }
-        let _ = health_task.await;
-        return Ok(());
+        self.join_tasks().await
     }
 
-    // The reporter follows the published topology and the pinning events the log passes on.
-    let (report_tx, report_rx) = tokio::sync::mpsc::unbounded_channel::<PinningEvent>();
-    if let Some(mut rx) = pinning_rx {
-        tokio::spawn(async move {
-            while let Some(event) = rx.recv().await {
-                log_pinning(&event);
-                let _ = report_tx.send(event);
-            }
+    /// Starts the reporter (returned, to be stopped first), the NRI plugin and the device
+    /// plugin.
+    fn start_tasks(
+        &mut self,
+        nri: Option<(Plugin, UnboundedReceiver<PinningEvent>)>,
+        device_plugin_metrics: device_plugin::Metrics,
+    ) -> Option<JoinHandle<()>> {
+        // The reporter follows the published topology and the pinning events the log passes on
+        // (the forwarder ends when the plugin drops its sender; it is not waited for).
+        let (report_tx, report_rx) = tokio::sync::mpsc::unbounded_channel::<PinningEvent>();
+        let plugin = nri.map(|(plugin, mut rx)| {
+            tokio::spawn(async move {
+                while let Some(event) = rx.recv().await {
+                    log_pinning(&event);
+                    let _ = report_tx.send(event);
+                }
+            });
+            plugin
         });
+        // The device plugin tells the reporter whether it serves or stands down for another
+        // plugin.
+        let (standing_tx, standing_rx) = watch::channel(device_plugin::Standing::default());
+        let reporter = self.cfg.report.clone().map(|r| {
+            let served = self.state.published.subscribe();
+            let standing = self.cfg.device_plugin.is_some().then_some(standing_rx);
+            let stop = self.stop.clone().cancelled_owned();
+            report::start(r, served, Some(report_rx), standing, stop)
+        });
+        // The plugin connects at once: until the tree is mounted it refuses GPU containers with
+        // a message (or lets them through without the mock, with fail_open).
+        if let Some(plugin) = plugin {
+            let stop = self.stop.clone().cancelled_owned();
+            self.tasks
+                .spawn(async move { Ended::Nri(plugin.run(stop).await) });
+        }
+        // The device plugin waits for the first topology, then registers with the kubelet.
+        if let Some(config) = self.cfg.device_plugin.clone() {
+            let topology = self.state.published.subscribe();
+            let stop = self.stop.clone().cancelled_owned();
+            // cancels `device_plugin_ended` when the task ends, by a panic too
+            let ended = self.device_plugin_ended.clone().drop_guard();
+            self.tasks.spawn(async move {
+                let _ended = ended;
+                let (sys, metrics) = (crate::sys::Linux, device_plugin_metrics);
+                let run = device_plugin::run(config, sys, topology, metrics, standing_tx, stop);
+                Ended::DevicePlugin(run.await)
+            });
+        }
+        reporter
     }
-    // The device plugin tells the reporter whether it serves or stands down for another plugin.
-    let (standing_tx, standing_rx) =
-        tokio::sync::watch::channel(device_plugin::Standing::default());
-    let reporter = cfg.report.clone().map(|r| {
-        let served = state.published.subscribe();
-        let standing = cfg.device_plugin.is_some().then_some(standing_rx);
-        report::start(
-            r,
-            served,
-            Some(report_rx),
-            standing,
-            stopped(stop_rx.clone()),
-        )
-    });
-    // The plugin connects at once: until the tree is mounted it refuses GPU containers with a
-    // message (or lets them through without the mock, with fail_open).
-    let nri_task = plugin.map(|plugin| {
-        let rx = stop_rx.clone();
-        tokio::spawn(async move { plugin.run(stopped(rx)).await })
-    });
-    // The device plugin waits for the first topology, then registers with the kubelet.
-    let mut device_plugin_task = cfg.device_plugin.clone().map(|dp| {
-        let topology = state.published.subscribe();
-        let stop = stopped(stop_rx.clone());
-        tokio::spawn(device_plugin::run(
-            dp,
-            crate::sys::Linux,
-            topology,
-            device_plugin_metrics,
-            standing_tx,
-            stop,
-        ))
-    });
 
-    let prepared = {
-        let cfg = cfg.clone();
-        tokio::task::spawn_blocking(move || prepare(&cfg))
+    /// Loads, builds and mounts the tree (off the runtime), then publishes its topology to the
+    /// NRI plugin, the device plugin, the reporter and the health endpoint. Also returns the
+    /// profile's raw bytes.
+    async fn mount_and_publish(&self) -> Result<(Mounted, Vec<u8>), ServeError> {
+        let cfg = self.cfg.clone();
+        let (topo, raw, mounted) = tokio::task::spawn_blocking(move || prepare(&cfg))
             .await
-            .expect("the preparation thread does not panic")?
-    };
-    let (topo, raw, mounted) = prepared;
-    let mount_ms = started.elapsed().as_millis() as u64;
-    state.mount_ms.store(mount_ms, Ordering::Relaxed);
-    *state.handle.write().unwrap_or_else(|e| e.into_inner()) = Some(mounted.handle.clone());
-    state.published.send_replace(Some(topo.clone()));
-    *state.topology.write().unwrap_or_else(|e| e.into_inner()) = Some(topo);
-    state.mounted.store(true, Ordering::Release);
-    tracing::info!(mount_ms, "ready");
+            .expect("the preparation thread does not panic")?;
+        let state = &self.state;
+        let mount_ms = self.started.elapsed().as_millis() as u64;
+        state.mount_ms.store(mount_ms, Ordering::Relaxed);
+        *state.handle.write().unwrap_or_else(|e| e.into_inner()) = Some(mounted.handle.clone());
+        state.published.send_replace(Some(topo.clone()));
+        *state.topology.write().unwrap_or_else(|e| e.into_inner()) = Some(topo);
+        state.mounted.store(true, Ordering::Release);
+        tracing::info!(mount_ms, "ready");
+        Ok((mounted, raw))
+    }
 
-    let (reload_stop, reload_stopped) = mpsc::channel::<()>();
-    let reloader = {
-        let (state, cfg, handle) = (state.clone(), cfg.clone(), mounted.handle.clone());
+    /// Starts the thread of [`reload_loop`], from the profile's `raw` bytes served.
+    fn start_reload(&self, mounted: &Mounted, raw: Vec<u8>) -> Result<Reloader, ServeError> {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let (state, cfg, handle) = (self.state.clone(), self.cfg.clone(), mounted.handle.clone());
         let record = mounted.is_relayed().then(|| cfg.layout.served_paths());
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("reload".into())
             .spawn(move || {
-                reload_loop(
-                    &state,
-                    &cfg,
-                    &handle,
-                    record.as_deref(),
-                    raw,
-                    &reload_stopped,
-                );
+                reload_loop(&state, &cfg, &handle, record.as_deref(), raw, &stopped);
             })
-            .map_err(|source| ServeError::Install {
-                path: "reload thread".into(),
+            .map_err(|source| ServeError::Thread {
+                name: "reload",
                 source,
-            })?
-    };
+            })?;
+        Ok(Reloader { stop, thread })
+    }
 
-    // A device plugin that fails (an unreadable kubelet checkpoint, device nodes it cannot
-    // make) ends the agent; one that stands down for another plugin does not.
-    let device_plugin_failed = async {
-        match &mut device_plugin_task {
-            Some(task) => task.await,
-            None => std::future::pending().await,
+    /// Waits for `shutdown`, the device plugin's end or the keeper's.
+    async fn wait_for_end(&self, shutdown: impl Future<Output = ()>, mounted: &Mounted) -> End {
+        // The keeper dying ends the connection and the agent with it: a successor mounts afresh.
+        let keeper_gone = async {
+            if !mounted.is_relayed() {
+                return std::future::pending().await;
+            }
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            while mounted.serving() {
+                tick.tick().await;
+            }
+        };
+        tokio::select! {
+            () = shutdown => End::Shutdown,
+            // A device plugin that fails (an unreadable kubelet checkpoint, device nodes it
+            // cannot make) ends the agent; one that stands down for another plugin does not.
+            () = self.device_plugin_ended.cancelled() => End::DevicePluginEnded,
+            () = keeper_gone => End::KeeperLost,
         }
-    };
-    // The keeper dying ends the connection and the agent with it: a successor mounts afresh.
-    let keeper_gone = async {
-        if !mounted.is_relayed() {
-            return std::future::pending().await;
-        }
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        while mounted.serving() {
-            tick.tick().await;
-        }
-    };
-    let mut keeper_lost = false;
-    let device_plugin_result = tokio::select! {
-        _ = shutdown => None,
-        result = device_plugin_failed => Some(result),
-        () = keeper_gone => {
-            keeper_lost = true;
-            None
-        }
-    };
-    tracing::info!("shutting down");
-    let _ = stop_tx.send(true);
-    if let Some(r) = reporter {
-        let _ = r.await;
     }
-    drop(reload_stop);
-    let device_plugin_result = match (device_plugin_result, device_plugin_task) {
-        (Some(result), _) => Some(result),
-        (None, Some(task)) => Some(task.await),
-        (None, None) => None,
-    };
-    if let Some(t) = nri_task
-        && let Ok(Err(e)) = t.await
-    {
-        tracing::warn!(error = %e, "NRI plugin ended with an error");
+
+    /// Stops in order: the reporter sends its last report; the reload thread is told to stop;
+    /// the device plugin (which removes its device nodes while its socket still answers), the
+    /// NRI plugin and the health endpoint end; the reload thread is joined and the tree
+    /// unmounted (or left to the keeper). Then the keeper's loss, else the device plugin's
+    /// error.
+    async fn shut_down(
+        mut self,
+        end: End,
+        reporter: Option<JoinHandle<()>>,
+        reloader: Reloader,
+        mounted: Mounted,
+    ) -> Result<(), ServeError> {
+        tracing::info!("shutting down");
+        self.stop.cancel();
+        if let Some(r) = reporter {
+            let _ = r.await;
+        }
+        drop(reloader.stop);
+        let device_plugin = self.join_tasks().await;
+        self.state.mounted.store(false, Ordering::Release);
+        let relayed = mounted.is_relayed();
+        unmount(self.cfg.layout.mount_point(), reloader.thread, mounted).await?;
+        if let End::KeeperLost = end {
+            return Err(ServeError::KeeperLost {
+                socket: self.cfg.layout.keeper_socket(),
+            });
+        }
+        if relayed {
+            tracing::info!("driver tree left to the keeper");
+        } else {
+            tracing::info!("driver tree unmounted");
+        }
+        device_plugin
     }
-    state.mounted.store(false, Ordering::Release);
-    let mountpoint = cfg.layout.mount_point();
-    let relayed = mounted.is_relayed();
+
+    /// Waits for every task (each ends once stopped); the device plugin's error, if it had one.
+    async fn join_tasks(&mut self) -> Result<(), ServeError> {
+        let mut device_plugin = Ok(());
+        while let Some(ended) = self.tasks.join_next().await {
+            match ended {
+                Ok(Ended::Nri(Err(e))) => {
+                    tracing::warn!(error = %e, "NRI plugin ended with an error");
+                }
+                Ok(Ended::DevicePlugin(Err(e))) => device_plugin = Err(e.into()),
+                _ => {}
+            }
+        }
+        device_plugin
+    }
+}
+
+/// Joins the reload thread, then unmounts the tree at `mountpoint` (off the runtime).
+async fn unmount(
+    mountpoint: PathBuf,
+    reload: std::thread::JoinHandle<()>,
+    mounted: Mounted,
+) -> Result<(), ServeError> {
     tokio::task::spawn_blocking(move || {
-        let _ = reloader.join();
+        let _ = reload.join();
         mounted.unmount()
     })
     .await
@@ -635,36 +589,20 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
     .map_err(|source| ServeError::Fuse {
         path: mountpoint,
         source,
-    })?;
-    let _ = health_task.await;
-    if keeper_lost {
-        return Err(ServeError::KeeperLost {
-            socket: cfg.layout.keeper_socket(),
-        });
-    }
-    if relayed {
-        tracing::info!("driver tree left to the keeper");
-    } else {
-        tracing::info!("driver tree unmounted");
-    }
-    match device_plugin_result {
-        Some(Ok(Err(e))) => Err(e.into()),
-        _ => Ok(()),
-    }
+    })
 }
 
-/// Every `reload_interval` until `stop` is dropped: rebuilds the tree when the profile file or
-/// the host's `/proc/devices` changed (a module loaded since may have taken a major the mock
-/// chose) and swaps it in place. A rejected profile keeps the previous tree.
 /// Leaves the paths of `tree` in `record` for the next agent on the keeper's connection.
-fn record_served(tree: &crate::tree::Tree, record: &Path) {
+fn record_served(tree: &Tree, record: &Path) {
     if let Err(e) = crate::fuse::record_paths(tree, record) {
         tracing::warn!(file = %record.display(), error = %e, "cannot record the paths served; the next agent may see stale ones");
     }
 }
 
-/// Reloads the tree when the profile or `/proc/devices` changes; `record` as [`record_served`]
-/// (relayed connections only).
+/// Every `reload_interval` until `stop` is dropped: rebuilds the tree when the profile file or
+/// the host's `/proc/devices` changed (a module loaded since may have taken a major the mock
+/// chose) and swaps it in place. A rejected profile keeps the previous tree. `record` as
+/// [`record_served`] (relayed connections only).
 fn reload_loop(
     state: &AgentState,
     cfg: &ServeConfig,
@@ -676,30 +614,24 @@ fn reload_loop(
     let devices_path = cfg.procfs.join("devices");
     let mut devices = fs::read(&devices_path).unwrap_or_default();
     while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(cfg.reload_interval) {
-        let profile_now = match &cfg.profile {
-            ProfileSource::File(path) => match read_profile_file(path) {
-                Ok(now) => now,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read profile file");
-                    continue;
-                }
-            },
-            ProfileSource::Builtin(_) => raw.clone(),
+        let profile_now = match cfg.profile.read() {
+            Ok(now) => now,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read profile file");
+                continue;
+            }
         };
         let devices_now = fs::read(&devices_path).unwrap_or_default();
         if profile_now == raw && devices_now == devices {
             continue;
         }
-        let profile = match &cfg.profile {
-            ProfileSource::File(path) => parse_profile_file(path, &profile_now),
-            ProfileSource::Builtin(name) => Profile::builtin(name),
-        };
+        let built = cfg
+            .profile
+            .parse(&profile_now)
+            .and_then(|p| profile::build(&p, &cfg.node_name, &cfg.sysfs, &cfg.procfs));
         raw = profile_now;
         devices = devices_now;
-        match profile
-            .map_err(ServeError::from)
-            .and_then(|p| build(&p, &cfg.node_name, &cfg.sysfs, &cfg.procfs))
-        {
+        match built {
             Ok((topo, tree)) => {
                 let changed = handle.replace(&tree);
                 if let Some(record) = record {
