@@ -119,7 +119,7 @@ pub async fn predecessor_gone(
 }
 
 /// Sleeps `poll`; false when `shutdown` comes first.
-async fn pause(
+pub(super) async fn pause(
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
     poll: Duration,
 ) -> bool {

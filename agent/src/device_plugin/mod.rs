@@ -724,9 +724,8 @@ async fn stand_down_while_served(
             );
         }
         standing.send_replace(Standing::StoodDown(other));
-        tokio::select! {
-            () = shutdown.as_mut() => return Ok(false),
-            () = tokio::time::sleep(config.recheck_interval) => {}
+        if !conflict::pause(&mut shutdown, config.recheck_interval).await {
+            return Ok(false);
         }
     }
 }
