@@ -1,14 +1,15 @@
 #!/bin/bash
-# run.sh - mockgpu for aarch64: cross build with Debian's own Rust, then every aarch64
-# test binary under qemu-user inside a Debian arm64 root.
+# run.sh - mockgpu for aarch64: cross build with Debian's own Rust, then the aarch64
+# test binaries of the architecture-dependent packages under qemu-user inside a Debian arm64 root.
 #
 # Usage: run.sh [COMMAND]   (default: all = roots, build, test)
 #   roots   the two Debian trixie roots, each reused while its key (package list, steps) matches:
 #           $A64/build  amd64: rustc-web/cargo-web, libstd-rust-web-dev:arm64, the aarch64 GNU
 #                       toolchain, qemu-user-static
 #           $A64/arm64  arm64 (debootstrap --foreign, second stage under qemu): what the tests run
-#   build   cargo build --release --target aarch64-unknown-linux-gnu --workspace in the build root,
-#           then the test binaries (cargo test --no-run), into $A64_TARGET (the workspace's own
+#   build   cargo build --release --target aarch64-unknown-linux-gnu of what the images copy in the
+#           build root, then the test binaries of the architecture-dependent packages
+#           (ARCH_TEST_PKGS; cargo test --no-run), into $A64_TARGET (the workspace's own
 #           crates cleaned first when its last build came from another clone); checks that the
 #           files images/ copies are there and are aarch64 programs (tests/images.sh); compiles
 #           mknod-supervisor.c (static, x86_64)
@@ -138,6 +139,11 @@ phase_roots() {
 # ---------------------------------------------------------------------------------------------
 # build: in the build root, inside a private mount namespace (its mounts vanish with it)
 
+# The packages whose tests run here: those whose behaviour depends on the architecture (system
+# calls and their structures, the FUSE protocol, ELF and symbol versions, the device numbers and
+# paths an architecture gets). The controller's, the health endpoint's and the test bed client's
+# tests are plain Rust over the network and run on x86_64 only (docs/testing.md).
+ARCH_TEST_PKGS="-p mockfs-shim -p mockgpu-agent -p mockgpu-api -p mockgpu-nri"
 HOST_CARGO_HOME=${CARGO_HOME:-$HOME/.cargo}   # its registry cache is shared (cargo locks it)
 # the aarch64 target directory: a cache beside the roots (a fresh clone rebuilds only its own
 # crates), seen at the same path in both roots
@@ -181,10 +187,19 @@ inside_build() {
     rm -rf "$TD/$TRIPLE/mockfs-shim-tests"   # the shim's tests build libmockfs.so there
   fi
   echo "$REPO" > "$stamp"   # what is built from now on is this clone's
-  log "build: cargo build --release --target $TRIPLE --workspace"
-  "${c[@]}" "cd '$REPO' && cargo build --locked --release --target $TRIPLE --workspace"
-  log "build: cargo test --no-run --target $TRIPLE --workspace"
-  "${c[@]}" "cd '$REPO' && cargo test --locked --no-run --target $TRIPLE --workspace --message-format=json > '$TD/tests.json'"
+  local image_pkgs; image_pkgs=$(image_packages)
+  [ -n "$image_pkgs" ] || fail "no cross-build line in images/*.Dockerfile"
+  log "build: cargo build --release --target $TRIPLE $image_pkgs (what the images copy)"
+  "${c[@]}" "cd '$REPO' && cargo build --locked --release --target $TRIPLE $image_pkgs"
+  log "build: cargo test --no-run --target $TRIPLE $ARCH_TEST_PKGS"
+  "${c[@]}" "cd '$REPO' && cargo test --locked --no-run --target $TRIPLE $ARCH_TEST_PKGS --message-format=json > '$TD/tests.json'"
+}
+
+# The packages the images build (`cross-build cargo "$TARGETARCH" PKG...` in images/*.Dockerfile),
+# as cargo arguments.
+image_packages() {
+  grep -hoE 'cross-build cargo "\$TARGETARCH"( [a-z0-9_-]+)+' "$REPO"/images/*.Dockerfile \
+    | cut -d' ' -f4- | tr ' ' '\n' | sort -u | sed 's/^/-p /' | tr '\n' ' '
 }
 
 phase_build() {

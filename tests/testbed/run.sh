@@ -17,9 +17,9 @@ bash "$REPO/tests/apt-ensure.sh" debootstrap fuse3 protobuf-compiler util-linux 
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 PROFILE=${TESTBED_PROFILE:-release}
 OUT=$TARGET/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")
-echo "run.sh: cargo build --profile $PROFILE (agent with its shim, controller, test bed) into $OUT"
+echo "run.sh: cargo build --profile $PROFILE (tests/release-build.sh: agent, shim, controller, test bed) into $OUT"
 tb=$(date +%s)
-(cd "$REPO" && cargo build --profile "$PROFILE" -p mockgpu-agent -p mockgpu-controller -p mockgpu-testbed)
+bash "$REPO/tests/release-build.sh" "$PROFILE"
 echo "TIMING cargo-build: $(( $(date +%s) - tb )) s"
 
 if [ "${CLUSTER:-0}" = 1 ] && [ -z "${K8S_BIN:-}" ]; then

@@ -6,6 +6,7 @@
 #
 # Usage: testbed.sh COMMAND
 #   bootstrap   debootstrap $SUITE + packages (reused while $TB/rootfs.key matches) + OCI images
+#   rootfs      only the root file system of bootstrap (no build needed; tests/run.sh starts it early)
 #   up          mounts, node namespaces (mount + loopback-only net, pivot_root), containerd, images
 #   smoke       infrastructure proof without mockgpu: pod create/exec/teardown, a Slurm smoke test
 #               (slurmd container, hand-made GPU devices, AutoDetect=off)
@@ -149,7 +150,7 @@ bootstrap_rootfs() {  # bootstrap_rootfs <dir>: debootstrap + packages, without 
   chown --reference="$d/etc/munge" "$d/etc/munge/munge.key" 2>/dev/null || true
 }
 
-phase_bootstrap() {
+phase_rootfs() {
   local key t; key=$(rootfs_key)
   if [ -x "$R/usr/bin/containerd" ] && [ "$(cat "$TB/rootfs.key" 2>/dev/null)" = "$key" ]; then
     log "bootstrap: reusing $R (key $key)"
@@ -165,8 +166,9 @@ phase_bootstrap() {
     mv "$TB/rootfs.new" "$R"; echo "$key" > "$TB/rootfs.key"
     timing rootfs-build "$(ms "$t") ms ($(du -shx "$R" | cut -f1))"
   fi
-  build_images
 }
+
+phase_bootstrap() { phase_rootfs; build_images; }
 
 oci_blob() {  # oci_blob <dir> <file>: move file into blobs/sha256, echo "<sha> <size>"
   local sha size; sha=$(sha256sum "$2" | cut -d' ' -f1); size=$(stat -c %s "$2")
@@ -483,6 +485,7 @@ phase_all() {
 
 case "${1:-}" in
   bootstrap) phase_bootstrap ;;
+  rootfs) exec 9> "$TB/lock"; flock 9; phase_rootfs ;;
   up) trap phase_down EXIT; phase_up; trap - EXIT ;;   # a node half up is torn down
   smoke) step smoke-pod smoke_pod; step smoke-slurm smoke_slurm; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
   agent-up) agent_up ;;
