@@ -56,7 +56,8 @@ SLURM_UID=401                      # uid and gid of `slurm` in the slurmd image,
 if [ "$CLUSTER" = 1 ]; then CGROUP_PARENT=${CGROUP_PARENT:-/mgk8s$SFX}; else CGROUP_PARENT=${CGROUP_PARENT:-/mgtb$SFX}; fi
 export MGTB_CGROUP_PARENT=$CGROUP_PARENT
 MIRROR=${MIRROR:-$( { grep -h -o -m1 -E '^(URIs:|deb) +[^ ]+' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null || true; } | head -1 | awk '{print $2}')}
-PKGS="containerd runc busybox-static slurmd slurmctld slurm-client slurmrestd slurm-wlm-jwt-plugin munge pciutils hwloc"
+# slurm-wlm-nvml-plugin (section contrib): Slurm's AutoDetect=nvml, against the mock NVML
+PKGS="containerd runc busybox-static slurmd slurmctld slurm-client slurmrestd slurm-wlm-jwt-plugin slurm-wlm-nvml-plugin munge pciutils hwloc"
 if [ "$CLUSTER" = 1 ]; then
   # shellcheck source=../k8s-versions.sh
   . "$REPO/tests/k8s-versions.sh"
@@ -133,7 +134,7 @@ rootfs_key() {
 
 bootstrap_rootfs() {  # bootstrap_rootfs <dir>: debootstrap + packages, without starting any service
   local d=$1
-  debootstrap --variant=minbase "$SUITE" "$d" "$MIRROR" > "$LOGS/debootstrap.log" 2>&1 || { tail "$LOGS/debootstrap.log"; fail debootstrap; }
+  debootstrap --variant=minbase --components=main,contrib "$SUITE" "$d" "$MIRROR" > "$LOGS/debootstrap.log" 2>&1 || { tail "$LOGS/debootstrap.log"; fail debootstrap; }
   # the mirror's sid Release file can be past its Valid-Until date
   [ "$SUITE" = trixie ] || echo 'Acquire::Check-Valid-Until "false";' > "$d/etc/apt/apt.conf.d/99mgtb-valid-until"
   printf '#!/bin/sh\nexit 101\n' > "$d/usr/sbin/policy-rc.d"; chmod +x "$d/usr/sbin/policy-rc.d"
