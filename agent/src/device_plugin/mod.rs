@@ -57,7 +57,7 @@ pub mod proto {
 }
 
 /// The API version sent in `Register`.
-pub const API_VERSION: &str = "v1beta1";
+pub(crate) const API_VERSION: &str = "v1beta1";
 /// The kubelet's registration socket, in the device plugin directory.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
 /// The device plugin directory, below the kubelet's root directory.
@@ -67,11 +67,11 @@ pub const DEFAULT_RESOURCE: &str = "nvidia.com/gpu";
 /// Default kubelet root directory.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
 /// A device's health as the kubelet spells it.
-pub const HEALTHY: &str = "Healthy";
+pub(crate) const HEALTHY: &str = "Healthy";
 /// A device's health as the kubelet spells it.
-pub const UNHEALTHY: &str = "Unhealthy";
+pub(crate) const UNHEALTHY: &str = "Unhealthy";
 /// The variable that names a container's GPUs.
-pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+pub(crate) const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// How long a socket has to accept a connection.
 const CONNECT: Duration = Duration::from_secs(2);
 
@@ -268,7 +268,7 @@ fn uuids(topo: &NodeTopology) -> BTreeSet<String> {
 
 /// The device list of `topo`: its GPUs in minor order, healthy unless the profile marks them
 /// failed, then the GPUs advertised before (`seen`) that are gone, unhealthy.
-pub fn device_list(topo: &NodeTopology, seen: &BTreeSet<String>) -> Vec<Device> {
+pub(crate) fn device_list(topo: &NodeTopology, seen: &BTreeSet<String>) -> Vec<Device> {
     let mut devices: Vec<Device> = topo
         .gpus
         .iter()

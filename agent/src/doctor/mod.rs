@@ -18,8 +18,8 @@ use serde::Serialize;
 
 use crate::report::Credentials;
 
-pub use cluster::FRESH_HEARTBEATS;
-pub use node::{ClusterView, HttpReply, Live, Node, PRELOAD_PROGRAM, Preloaded, RealDriver};
+pub(crate) use node::PRELOAD_PROGRAM;
+pub use node::{ClusterView, HttpReply, Live, Node, Preloaded, RealDriver};
 
 use crate::mounts::{PROBE, unescape};
 
