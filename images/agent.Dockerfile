@@ -2,18 +2,21 @@
 # mockgpu-agent (it carries libmockfs.so, which `serve` installs; the library is also in the
 # image as a file) for linux/amd64 and linux/arm64, built from the repository root:
 #   docker buildx build --platform linux/amd64,linux/arm64 -f images/agent.Dockerfile -t mockgpu-agent .
-# The build stage (images/cross-build.sh) runs on the build machine's own platform and cross-compiles with Debian's Rust
-# (trixie's rustc-web, and its standard library for the target architecture) and GNU toolchain,
-# as tests/arm64/run.sh does in CI: no emulation while compiling.
+# The build stage (images/cross-build.sh) runs on the build machine's own platform and
+# cross-compiles with the Rust toolchain that rust-toolchain.toml pins (the tests' own, installed
+# by rustup-init from static.rust-lang.org, pinned by version and checksum, with the standard
+# library for the target architecture) and Debian's GNU toolchain: no emulation while compiling.
 # tests/images.sh checks that every file this copies out of target/<triple>/release exists after
 # a release build for that triple.
 
 FROM --platform=$BUILDPLATFORM debian:trixie AS build
 ARG BUILDARCH
 ARG TARGETARCH
+ENV RUSTUP_HOME=/usr/local/rustup CARGO_HOME=/usr/local/cargo PATH=/usr/local/cargo/bin:$PATH
 COPY images/cross-build.sh /usr/local/bin/cross-build
-RUN cross-build toolchain "$TARGETARCH" "$BUILDARCH"
 WORKDIR /src
+COPY rust-toolchain.toml ./
+RUN cross-build toolchain "$TARGETARCH" "$BUILDARCH"
 COPY . .
 RUN triple=$(cross-build cargo "$TARGETARCH" mockgpu-agent mockfs-shim) \
  && install -D -m 755 "target/$triple/release/mockgpu-agent" /out/usr/bin/mockgpu-agent \

@@ -2,8 +2,9 @@
 # mockgpu-controller (the GpuNode controller of the Helm chart's Deployment) for linux/amd64 and
 # linux/arm64, built from the repository root:
 #   docker buildx build --platform linux/amd64,linux/arm64 -f images/controller.Dockerfile -t mockgpu-controller .
-# The build stage is the agent's (images/cross-build.sh): Debian's Rust on the build machine's
-# platform, cross-compiling with the GNU toolchain, no emulation. The final image is trixie-slim
+# The build stage is the agent's (images/cross-build.sh): the pinned Rust toolchain
+# (rust-toolchain.toml) on the build machine's platform, cross-compiling with Debian's GNU
+# toolchain, no emulation. The final image is trixie-slim
 # (the glibc the binary was linked against) with the CA bundle, and runs as the unprivileged
 # user 65532, as the chart's securityContext asks.
 # tests/images.sh checks that every file this copies out of target/<triple>/release exists after
@@ -12,9 +13,11 @@
 FROM --platform=$BUILDPLATFORM debian:trixie AS build
 ARG BUILDARCH
 ARG TARGETARCH
+ENV RUSTUP_HOME=/usr/local/rustup CARGO_HOME=/usr/local/cargo PATH=/usr/local/cargo/bin:$PATH
 COPY images/cross-build.sh /usr/local/bin/cross-build
-RUN cross-build toolchain "$TARGETARCH" "$BUILDARCH"
 WORKDIR /src
+COPY rust-toolchain.toml ./
+RUN cross-build toolchain "$TARGETARCH" "$BUILDARCH"
 COPY . .
 RUN triple=$(cross-build cargo "$TARGETARCH" mockgpu-controller) \
  && install -D -m 755 "target/$triple/release/mockgpu-controller" /out/usr/bin/mockgpu-controller \

@@ -1,28 +1,50 @@
 #!/bin/sh
 # cross-build.sh: the build stage shared by images/*.Dockerfile (Debian trixie, run on the build
 # machine's own platform, so nothing is emulated while compiling).
-#   cross-build.sh toolchain TARGETARCH BUILDARCH   Debian's Rust (rustc-web, with the standard
-#       library for TARGETARCH) and the GNU toolchain for TARGETARCH
+#   cross-build.sh toolchain TARGETARCH BUILDARCH   the GNU toolchain for TARGETARCH, and the Rust
+#       toolchain that ./rust-toolchain.toml pins (the one the tests use) with the standard
+#       library for TARGETARCH, installed by rustup-init (pinned by version and checksum) into
+#       $RUSTUP_HOME and $CARGO_HOME
 #   cross-build.sh cargo TARGETARCH PACKAGE...      cargo build --release of the packages for
 #       TARGETARCH, into target/<triple>/release; prints the triple
 set -eu
-triple() {  # triple TARGETARCH: "<rust triple> <gnu prefix> <gcc package suffix>"
+RUSTUP_VERSION=1.28.2
+triple() {  # triple ARCH: "<rust triple> <gnu prefix> <gcc package suffix>"
   case $1 in
     amd64) echo x86_64-unknown-linux-gnu x86_64-linux-gnu x86-64-linux-gnu ;;
     arm64) echo aarch64-unknown-linux-gnu aarch64-linux-gnu aarch64-linux-gnu ;;
-    *) echo "cross-build.sh: unsupported TARGETARCH $1" >&2; exit 1 ;;
+    *) echo "cross-build.sh: unsupported architecture $1" >&2; exit 1 ;;
+  esac
+}
+rustup_init_sha256() {  # of rustup-init $RUSTUP_VERSION for the build machine's triple
+  case $1 in
+    x86_64-unknown-linux-gnu) echo 20a06e644b0d9bd2fbdbfd52d42540bdde820ea7df86e92e533c073da0cdd43c ;;
+    aarch64-unknown-linux-gnu) echo e3853c5a252fca15252d07cb23a1bdd9377a8c6f3efa01531109281ae47f841c ;;
   esac
 }
 case ${1:-} in
   toolchain)
-    tr=$(triple "$2") || exit 1
-    set -- "$2" "$3" $tr
+    [ -f rust-toolchain.toml ] || { echo "cross-build.sh: run it where rust-toolchain.toml is" >&2; exit 1; }
+    tr=$(triple "$2") && build=$(triple "$3") || exit 1
+    set -- "$2" "$3" $tr ${build%% *}
     if [ "$1" = "$2" ]; then cross="gcc libc6-dev"
-    else cross="gcc gcc-$5 libc6-dev-$1-cross"; dpkg --add-architecture "$1"; fi
+    else cross="gcc gcc-$5 libc6-dev-$1-cross"; fi
     apt-get update
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      ca-certificates rustc-web cargo-web "libstd-rust-web-dev:$1" $cross
-    rm -rf /var/lib/apt/lists/* ;;
+      ca-certificates curl $cross
+    rm -rf /var/lib/apt/lists/*
+    init=/tmp/rustup-init
+    curl --proto '=https' --tlsv1.2 -fsSL -o "$init" \
+      "https://static.rust-lang.org/rustup/archive/$RUSTUP_VERSION/$6/rustup-init"
+    echo "$(rustup_init_sha256 "$6")  $init" | sha256sum -c -
+    chmod +x "$init"
+    "$init" -y --quiet --no-modify-path --profile minimal --default-toolchain none
+    rm "$init"
+    # Without a name, rustup installs the toolchain that rust-toolchain.toml names, with its
+    # components; the target's standard library goes to that toolchain.
+    rustup toolchain install
+    rustup target add "$3"
+    rustc --version ;;
   cargo)
     tr=$(triple "$2") || exit 1
     shift 2; set -- $tr "$@"
@@ -31,5 +53,5 @@ case ${1:-} in
     for p in "$@"; do set -- "$@" -p "$p"; shift; done
     cargo build --locked --release --target "$t" "$@" >&2
     echo "$t" ;;
-  *) sed -n '2,7p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,9p' "$0" >&2; exit 2 ;;
 esac

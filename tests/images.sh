@@ -3,6 +3,7 @@
 #   images.sh RELEASE_DIR [ARCH]     every file that an image copies out of a release build
 #       (`target/$triple/release/NAME`) exists in RELEASE_DIR, and with ARCH (x86_64 or aarch64)
 #       each such ELF file is one for ARCH. Catches a renamed or dropped artifact without Docker.
+#       Each build stage installs its Rust toolchain from rust-toolchain.toml.
 #   images.sh installs DOCKERFILE    "NAME PATH MODE" for each `install -D -m MODE
 #       target/$triple/release/NAME /out/PATH` of its build stage: the file and where the final
 #       image has it (the build copies /out/ to /)
@@ -48,6 +49,12 @@ for f in images/*.Dockerfile; do
   [ "$copied" = "$(awk '{print $1}' <<< "$lines" | sort -u)" ] \
     || { echo "images.sh: $f copies [$(echo $copied)] out of the release build but installs [$(awk '{print $1}' <<< "$lines" | tr '\n' ' ')]as 'install -D -m MODE target/\$triple/release/NAME /out/PATH'" >&2; bad=$((bad + 1)); }
   config "$f" > /dev/null || bad=$((bad + 1))
+  # the build stage compiles with the toolchain rust-toolchain.toml pins (the tests' own):
+  # cross-build installs the one the file names, so the file must be there first
+  copy=$(grep -nE '^COPY rust-toolchain\.toml ' "$f" | head -1 | cut -d: -f1 || true)
+  tool=$(grep -nE '^RUN cross-build toolchain ' "$f" | head -1 | cut -d: -f1 || true)
+  [ -n "$copy" ] && [ -n "$tool" ] && [ "$copy" -lt "$tool" ] \
+    || { echo "images.sh: $f does not COPY rust-toolchain.toml before RUN cross-build toolchain" >&2; bad=$((bad + 1)); }
   while read -r name _ _; do
     [ -n "$name" ] || continue
     n=$((n + 1)); p=$dir/$name

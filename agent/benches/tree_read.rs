@@ -7,7 +7,6 @@
 
 use std::fs;
 use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -117,7 +116,7 @@ fn pipe_round_trip(n: u32, cold: bool) -> (Duration, Duration) {
             let mut b = [0u8; 1];
             // One more read than round trips: the last one waits for the parent's goodbye.
             for _ in 0..=n {
-                let _ = nix::unistd::read(r1.as_raw_fd(), &mut b);
+                let _ = nix::unistd::read(&r1, &mut b);
                 let _ = nix::unistd::write(&w2, &b);
             }
             // SAFETY: leave without running the parent's destructors.
@@ -134,7 +133,7 @@ fn pipe_round_trip(n: u32, cold: bool) -> (Duration, Duration) {
                     let cpu = cpu_time(pid, "");
                     let t = time(|| {
                         nix::unistd::write(&w1, &b).unwrap();
-                        nix::unistd::read(r2.as_raw_fd(), &mut b).unwrap();
+                        nix::unistd::read(&r2, &mut b).unwrap();
                     });
                     (t, cpu_time(pid, "") - cpu)
                 })

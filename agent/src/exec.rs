@@ -203,9 +203,7 @@ fn spawn_reaper(tmp: &Path) -> io::Result<()> {
                 }
             }
             let mut byte = [0u8; 1];
-            while let Err(nix::errno::Errno::EINTR) = nix::unistd::read(read.as_raw_fd(), &mut byte)
-            {
-            }
+            while let Err(nix::errno::Errno::EINTR) = nix::unistd::read(&read, &mut byte) {}
             reap(&Linux, tmp);
             // SAFETY: leaving the forked child without running the parent's exit handlers.
             unsafe { libc::_exit(0) }

@@ -10,7 +10,7 @@ pub mod fuse;
 pub mod host;
 pub mod keeper;
 pub mod mounts;
-pub mod node;
+mod node;
 pub mod output;
 pub mod pinner;
 pub mod profile;

@@ -33,7 +33,7 @@ pub enum SetupError {
 /// only) through the keeper, whose connection it returns: the keeper makes the directory shared
 /// and mounts, and a live keeper's mount stays as it is. Otherwise for the agent's own mount: the
 /// directory made a shared mount (as root), a stale mount detached, the mount point created.
-pub fn set_up(layout: &Layout, keeper: bool) -> Result<Option<OwnedFd>, SetupError> {
+pub(crate) fn set_up(layout: &Layout, keeper: bool) -> Result<Option<OwnedFd>, SetupError> {
     let root = nix::unistd::geteuid().is_root();
     let relay = (keeper && root)
         .then(|| crate::keeper::attach(layout))

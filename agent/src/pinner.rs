@@ -181,10 +181,6 @@ fn pin(path: &Path) -> io::Result<OwnedFd> {
         OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
-    .map(|fd| {
-        // SAFETY: `open` returned a new descriptor that nothing else owns.
-        unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }
-    })
     .map_err(io::Error::from)
 }
 

@@ -13,7 +13,7 @@ use crate::render;
 use crate::tree::Tree;
 
 /// Largest profile file accepted (real ones are well under 4 KiB).
-pub const MAX_PROFILE_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_PROFILE_BYTES: u64 = 1 << 20;
 
 /// Where the profile comes from.
 #[derive(Debug, Clone)]
@@ -147,7 +147,7 @@ fn read_profile_file(path: &Path) -> Result<Vec<u8>, LoadError> {
 }
 
 /// Reads the host's `/proc/devices` below `procfs`.
-pub fn host_devices(procfs: &Path) -> Result<ProcDevices, LoadError> {
+pub(crate) fn host_devices(procfs: &Path) -> Result<ProcDevices, LoadError> {
     let path = procfs.join("devices");
     let error = |reason: String| LoadError::ProcDevices {
         path: path.clone(),

@@ -100,7 +100,7 @@ pub struct ServeConfig {
 
 /// The agent's live state, shared by the reload loop, the NRI plugin and the health endpoint.
 #[derive(Default)]
-pub struct AgentState {
+pub(crate) struct AgentState {
     topology: RwLock<Option<NodeTopology>>,
     mounted: std::sync::atomic::AtomicBool,
     reloads: AtomicU64,

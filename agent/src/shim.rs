@@ -6,10 +6,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 /// The shim library's bytes (built from the `mockfs-shim` crate by the build script).
-pub const LIBRARY: &[u8] = include_bytes!(env!("MOCKGPU_SHIM_PATH"));
+pub(crate) const LIBRARY: &[u8] = include_bytes!(env!("MOCKGPU_SHIM_PATH"));
 
 /// File name of the installed library.
-pub const FILE_NAME: &str = "libmockfs.so";
+pub(crate) const FILE_NAME: &str = "libmockfs.so";
 
 /// Writes the library to `dir/libmockfs.so` atomically (write, then rename), mode 0755.
 /// Running processes that mapped an older copy keep it.

@@ -105,7 +105,7 @@ pub(crate) mod fake {
 
     /// One recorded call with its arguments.
     #[derive(Debug, Clone, PartialEq, Eq)]
-    pub enum Call {
+    pub(crate) enum Call {
         Mount {
             source: Option<PathBuf>,
             target: PathBuf,
@@ -132,7 +132,7 @@ pub(crate) mod fake {
     /// The fake. A successful bind or FUSE mount adds its target to the fake mount table, an
     /// unmount removes it; `mknod` leaves an empty regular file in the node's place so that the
     /// caller's later steps (setting the mode) find something.
-    pub struct Fake {
+    pub(crate) struct Fake {
         /// What [`Sys::is_root`] answers.
         pub root: bool,
         calls: RefCell<Vec<Call>>,
@@ -177,7 +177,7 @@ pub(crate) mod fake {
         }
 
         /// Whether `path` is in the fake mount table.
-        pub fn is_mounted(&self, path: &Path) -> bool {
+        pub(crate) fn is_mounted(&self, path: &Path) -> bool {
             self.mounted.borrow().contains(path)
         }
 

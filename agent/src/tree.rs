@@ -67,7 +67,7 @@ impl Tree {
     }
 
     /// Adds a file with explicit permission bits.
-    pub fn file_mode(&mut self, path: &str, content: impl Into<Vec<u8>>, mode: u16) {
+    pub(crate) fn file_mode(&mut self, path: &str, content: impl Into<Vec<u8>>, mode: u16) {
         self.insert(path, Kind::File(content.into().into()), mode);
     }
 
@@ -77,7 +77,7 @@ impl Tree {
     }
 
     /// Adds a symbolic link copied from the host's own sysfs (see [`Entry::from_host`]).
-    pub fn host_symlink(&mut self, path: &str, target: impl Into<String>) {
+    pub(crate) fn host_symlink(&mut self, path: &str, target: impl Into<String>) {
         self.insert(path, Kind::Symlink(target.into()), 0o777);
         if let Some(e) = self.entries.get_mut(path) {
             e.from_host = true;
@@ -85,7 +85,7 @@ impl Tree {
     }
 
     /// Adds a character device node.
-    pub fn chardev(&mut self, path: &str, major: u32, minor: u32, mode: u16) {
+    pub(crate) fn chardev(&mut self, path: &str, major: u32, minor: u32, mode: u16) {
         self.insert(path, Kind::CharDev { major, minor }, mode);
     }
 

@@ -44,7 +44,10 @@ struct CheckpointData {
 }
 
 /// The device IDs the checkpoint registers under `resource` (none when there is no checkpoint).
-pub fn registered_devices(dir: &Path, resource: &str) -> Result<Vec<String>, DevicePluginError> {
+pub(crate) fn registered_devices(
+    dir: &Path,
+    resource: &str,
+) -> Result<Vec<String>, DevicePluginError> {
     let path = dir.join(CHECKPOINT);
     let error = |reason: String| DevicePluginError::Checkpoint {
         path: path.clone(),
@@ -68,7 +71,7 @@ pub fn registered_devices(dir: &Path, resource: &str) -> Result<Vec<String>, Dev
 }
 
 /// The device IDs a live plugin at `socket` lists; `None` when nothing answers there.
-pub async fn live_devices(socket: &Path) -> Option<Vec<String>> {
+pub(crate) async fn live_devices(socket: &Path) -> Option<Vec<String>> {
     let ask = async {
         let channel = super::connect(socket).await.ok()?;
         let mut stream = DevicePluginClient::new(channel)
@@ -87,7 +90,7 @@ pub async fn live_devices(socket: &Path) -> Option<Vec<String>> {
 /// registration of one socket path while the first is connected. The old agent removes its
 /// socket and device nodes when it stops, so the new one serves only after that. False when
 /// `shutdown` came first.
-pub async fn predecessor_gone(
+pub(crate) async fn predecessor_gone(
     socket: &Path,
     poll: Duration,
     mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,

@@ -76,7 +76,7 @@ pub fn sync<S: Sys>(sys: &S, dir: &Path, nodes: &[DeviceNode]) -> Result<(), Nod
 
 /// Removes the nodes of `nodes` below `dir` that are still what [`sync`] made (character devices
 /// of their numbers); anything else in their place is left. Returns how many went.
-pub fn remove(dir: &Path, nodes: &[DeviceNode]) -> usize {
+pub(crate) fn remove(dir: &Path, nodes: &[DeviceNode]) -> usize {
     nodes
         .iter()
         .filter(|node| {

@@ -9,7 +9,7 @@ use super::{Check, Facts, Node, Options, REAL_NODE, sample};
 use crate::device_plugin::{KUBELET_SOCKET, PLUGIN_DIR};
 
 /// A heartbeat counts as fresh this many periods (and a tenth) after it was reported.
-pub const FRESH_HEARTBEATS: u32 = 3;
+pub(crate) const FRESH_HEARTBEATS: u32 = 3;
 
 /// Reason given by the checks that need an API server when none is configured.
 const NO_API: &str = "no Kubernetes API server configured (no service account, KUBECONFIG, \

@@ -29,7 +29,7 @@ const API_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_READ: u64 = 4 << 20;
 
 /// The program run with the shim preloaded: a trivial dynamically linked one.
-pub const PRELOAD_PROGRAM: &str = "/bin/true";
+pub(crate) const PRELOAD_PROGRAM: &str = "/bin/true";
 
 /// What the NVIDIA driver of this node says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,7 +233,7 @@ impl Node for Live {
 }
 
 /// Splits an HTTP/1.1 response into its status code and body.
-pub fn parse_http(raw: &str) -> io::Result<HttpReply> {
+pub(crate) fn parse_http(raw: &str) -> io::Result<HttpReply> {
     let bad = || io::Error::new(io::ErrorKind::InvalidData, "not an HTTP/1.1 response");
     let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(bad)?;
     let status = head

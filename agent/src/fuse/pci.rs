@@ -11,7 +11,7 @@ use crate::host::SysfsHost;
 use crate::tree::Kind;
 
 /// How long a listing of the host's PCI devices is reused, and the kernel's TTL for them.
-pub const LIVE_TTL: Duration = Duration::from_secs(1);
+pub(crate) const LIVE_TTL: Duration = Duration::from_secs(1);
 
 /// One of the host's PCI devices as a symlink in [`HOST_PCI_DIR`].
 #[derive(Clone)]

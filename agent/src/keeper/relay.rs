@@ -103,7 +103,7 @@ impl Relay {
             if !matches!(nix::poll::poll(&mut fds, PollTimeout::ZERO), Ok(1)) {
                 return false;
             }
-            match nix::unistd::read(self.fuse.as_raw_fd(), &mut self.buf) {
+            match nix::unistd::read(&self.fuse, &mut self.buf) {
                 Ok(n) => {
                     let msg = self.buf[..n].to_vec();
                     self.queue(msg);

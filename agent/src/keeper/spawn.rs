@@ -18,7 +18,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// The agent's connection to the keeper of `layout`, on which it serves FUSE requests. Starts a
 /// keeper (this executable, in a session of its own so that it outlives the agent) when none
 /// listens.
-pub fn attach(layout: &Layout) -> Result<OwnedFd, KeeperError> {
+pub(crate) fn attach(layout: &Layout) -> Result<OwnedFd, KeeperError> {
     let path = layout.keeper_socket();
     match connect(&path, AGENT_HELLO) {
         Ok(conn) => {

@@ -29,10 +29,8 @@ use crate::device_plugin::Standing;
 pub use live::{Credentials, Live, credentials, credentials_from_env};
 pub use status::{PinningMap, Previous, Readiness, RealGpus, Served};
 
-/// The default heartbeat period.
-pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
 /// How long after a pinning change its report waits for more changes.
-pub const DEBOUNCE: Duration = Duration::from_millis(500);
+pub(crate) const DEBOUNCE: Duration = Duration::from_millis(500);
 /// How long the last report (`Ready` False) of a stopping agent may take.
 const FAREWELL: Duration = Duration::from_secs(2);
 

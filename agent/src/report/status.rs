@@ -12,13 +12,13 @@ use mockgpu_nri::PinningEvent;
 use crate::device_plugin::Standing;
 
 /// The profile name reported in real mode.
-pub const REAL_PROFILE: &str = "real";
+pub(crate) const REAL_PROFILE: &str = "real";
 /// The first retry's delay after an API error.
-pub const BACKOFF_MIN: Duration = Duration::from_secs(1);
+pub(crate) const BACKOFF_MIN: Duration = Duration::from_secs(1);
 /// The longest delay between retries.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// How far a heartbeat may stray from its period, either way (a tenth).
-pub const JITTER: f64 = 0.1;
+pub(crate) const JITTER: f64 = 0.1;
 
 /// What the node serves, as the reporter needs it: mock GPUs (a [`NodeTopology`]) or a real
 /// driver's ([`RealGpus`]).
@@ -108,7 +108,7 @@ pub struct PinningMap {
 impl PinningMap {
     /// Applies `event` (at `now`); whether the map changed. A container pinned again to the
     /// same GPUs (Synchronize replays every pinned container) keeps its `since`.
-    pub fn apply(&mut self, event: &PinningEvent, now: &Time) -> bool {
+    pub(crate) fn apply(&mut self, event: &PinningEvent, now: &Time) -> bool {
         match event {
             PinningEvent::Pinned {
                 pod,
@@ -146,7 +146,7 @@ impl PinningMap {
     }
 
     /// The pinned containers, ordered by namespace, pod and container.
-    pub fn pinning(&self) -> Vec<Pinning> {
+    pub(crate) fn pinning(&self) -> Vec<Pinning> {
         let mut all: Vec<Pinning> = self.by_container.values().cloned().collect();
         all.sort_by(|a, b| {
             (&a.namespace, &a.pod, &a.container).cmp(&(&b.namespace, &b.pod, &b.container))
@@ -199,7 +199,7 @@ fn find(conditions: &[Condition], type_: &str) -> Option<Condition> {
 
 /// When the agent first reported `hash`: the previous `since` while the hash is the same,
 /// else `now`.
-pub fn topology_since(previous: &Previous, hash: &str, now: &Time) -> Time {
+pub(crate) fn topology_since(previous: &Previous, hash: &str, now: &Time) -> Time {
     match (&previous.topology_hash, &previous.topology_since) {
         (Some(h), Some(since)) if h == hash => since.clone(),
         _ => now.clone(),
@@ -231,7 +231,7 @@ fn condition(
 }
 
 /// The `Ready` condition.
-pub fn ready_condition(
+pub(crate) fn ready_condition(
     readiness: &Readiness,
     previous: Option<&Condition>,
     now: &Time,
@@ -248,7 +248,7 @@ pub fn ready_condition(
 
 /// The `DevicePluginConflict` condition: True while the device plugin stands down for another
 /// plugin, False while it serves; the previous one while it starts.
-pub fn device_plugin_condition(
+pub(crate) fn device_plugin_condition(
     standing: &Standing,
     previous: Option<&Condition>,
     now: &Time,
@@ -302,7 +302,7 @@ pub fn status(
 }
 
 /// The previous state after reporting `status` for `hash`.
-pub fn reported(hash: &str, status: &GpuNodeStatus) -> Previous {
+pub(crate) fn reported(hash: &str, status: &GpuNodeStatus) -> Previous {
     Previous {
         topology_hash: Some(hash.to_string()),
         topology_since: status.topology_since.clone(),
@@ -320,7 +320,7 @@ pub fn jittered(period: Duration, unit: f64) -> Duration {
 
 /// The delay before retry number `failures` (1 after the first error): doubling from
 /// [`BACKOFF_MIN`], at most [`BACKOFF_MAX`].
-pub fn backoff(failures: u32) -> Duration {
+pub(crate) fn backoff(failures: u32) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
     BACKOFF_MIN.saturating_mul(1 << doublings).min(BACKOFF_MAX)
 }

@@ -11,6 +11,9 @@ use tokio::time::Instant;
 
 use super::*;
 
+/// The heartbeat period of the tests' reporter (serve's default).
+const HEARTBEAT: Duration = Duration::from_secs(30);
+
 /// The requests the fake answered (or failed), in order, with their times.
 type Calls = UnboundedReceiver<(Instant, Result<Call, ApiError>)>;
 
@@ -162,7 +165,7 @@ fn topology(profile: &str) -> NodeTopology {
 fn config() -> Config {
     Config {
         node_name: "node-a".into(),
-        heartbeat: DEFAULT_HEARTBEAT,
+        heartbeat: HEARTBEAT,
         credentials: Credentials::Infer,
     }
 }
