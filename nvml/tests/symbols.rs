@@ -35,3 +35,35 @@ fn its_soname_is_libnvidia_ml_so_1() {
     let needle = b"\0libnvidia-ml.so.1\0";
     assert!(elf.windows(needle.len()).any(|w| w == needle));
 }
+
+/// Only libc functions are imported: a program without libgcc_s (a C program, Python) could not
+/// resolve anything else, and this test binary, which has it, would not notice.
+#[test]
+fn imports_only_libc() {
+    let elf = std::fs::read(common::library_path()).unwrap();
+    let allowed = [
+        "secure_getenv",
+        "syscall",
+        "__errno_location",
+        "abort",
+        "malloc",
+        "free",
+        "posix_memalign",
+        "strlen",
+        "memcpy",
+        "memmove",
+        "memset",
+        "memcmp",
+        "bcmp",
+        "__cxa_finalize",
+        "__gmon_start__",
+        "_ITM_deregisterTMCloneTable",
+        "_ITM_registerTMCloneTable",
+    ];
+    for (name, _) in dynamic_symbols(&elf, &sections(&elf))
+        .into_iter()
+        .filter(|(_, defined)| !defined)
+    {
+        assert!(allowed.contains(&name.as_str()), "unexpected import {name}");
+    }
+}
