@@ -13,6 +13,16 @@ fn needs_nothing_newer_than_glibc_2_17() {
     assert_needs_nothing_newer_than_glibc_2_17(&std::fs::read(common::library_path()).unwrap());
 }
 
+/// A whole-workspace build turns libc's `std` feature on for this crate too (feature
+/// unification), and libc then leaves linking libc to `std`: the library must still link, with
+/// the same limits.
+#[test]
+fn links_with_libc_std_as_in_a_workspace_build() {
+    let target = common::cargo_build(&["-p", "mockgpu-nvml", "--features", "libc/std"]);
+    let elf = std::fs::read(target.join("debug/libnvidia_ml.so")).unwrap();
+    assert_needs_nothing_newer_than_glibc_2_17(&elf);
+}
+
 #[test]
 fn exports_exactly_the_header_functions() {
     let elf = std::fs::read(common::library_path()).unwrap();
