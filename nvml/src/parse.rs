@@ -13,13 +13,35 @@ fn trim(mut s: &[u8]) -> &[u8] {
     s
 }
 
-/// The value of the first line `key: value` (both trimmed of blanks).
+/// The `key: value` lines of a file (both trimmed of blanks), split once for many lookups.
+pub struct Fields<'a>(Vec<(&'a [u8], &'a [u8])>);
+
+impl<'a> Fields<'a> {
+    pub fn new(text: &'a [u8]) -> Fields<'a> {
+        Fields(
+            text.split(|&b| b == b'\n')
+                .filter_map(|line| {
+                    let colon = line.iter().position(|&b| b == b':')?;
+                    let (k, v) = (line.get(..colon)?, line.get(colon.saturating_add(1)..)?);
+                    Some((trim(k), trim(v)))
+                })
+                .collect(),
+        )
+    }
+
+    /// The value of the first line with `key`.
+    pub fn get(&self, key: &str) -> Option<&'a [u8]> {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == key.as_bytes())
+            .map(|&(_, v)| v)
+    }
+}
+
+/// The value of the first line `key: value` of `text`.
+#[cfg(test)]
 pub fn value<'a>(text: &'a [u8], key: &str) -> Option<&'a [u8]> {
-    text.split(|&b| b == b'\n').find_map(|line| {
-        let colon = line.iter().position(|&b| b == b':')?;
-        let (k, v) = (line.get(..colon)?, line.get(colon.saturating_add(1)..)?);
-        (trim(k) == key.as_bytes()).then(|| trim(v))
-    })
+    Fields::new(text).get(key)
 }
 
 /// A decimal number, or hexadecimal after `0x` (sysfs ids).

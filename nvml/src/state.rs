@@ -179,7 +179,8 @@ fn load(flags: u32) -> Result<Loaded, Ret> {
     }
     let system_path = join(root, &[SYSTEM_FILE]);
     let system = required_file(&system_path)?;
-    let cuda_version = parse::value(&system, "CUDA Driver Version")
+    let cuda_version = parse::Fields::new(&system)
+        .get("CUDA Driver Version")
         .and_then(parse::number_u32)
         .ok_or_else(|| malformed(&system_path, b"no `CUDA Driver Version:` number"))?;
     let mut devices = Vec::with_capacity(names.len());
@@ -206,9 +207,10 @@ const GPUS_DIR: &[u8] = b"nvml/gpus";
 /// `nvml/gpus/<bus>` file.
 fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
     let info_path = join(root, &[b"proc/driver/nvidia/gpus", name, b"information"]);
-    let info = required_file(&info_path)?;
+    let info_text = required_file(&info_path)?;
+    let info = parse::Fields::new(&info_text);
     let field = |key: &'static str| {
-        parse::value(&info, key)
+        info.get(key)
             .ok_or_else(|| malformed(&info_path, alloc::format!("no `{key}:` line").as_bytes()))
     };
     let bus_text = field("Bus Location")?;
@@ -245,14 +247,16 @@ fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
         parse::cpu_list(&cpus_text).ok_or_else(|| malformed(&cpus_path, b"not a CPU list"))?;
 
     let nvml_path = join(root, &[GPUS_DIR, bus_text]);
-    let nvml = required_file(&nvml_path)?;
+    let nvml_text = required_file(&nvml_path)?;
+    let nvml = parse::Fields::new(&nvml_text);
     let text = |key: &'static str| {
-        parse::value(&nvml, key)
+        nvml.get(key)
             .map(<[u8]>::to_vec)
             .ok_or_else(|| malformed(&nvml_path, alloc::format!("no `{key}:` line").as_bytes()))
     };
     let num64 = |key: &'static str| {
-        let v = parse::value(&nvml, key)
+        let v = nvml
+            .get(key)
             .ok_or_else(|| malformed(&nvml_path, alloc::format!("no `{key}:` line").as_bytes()))?;
         parse::number(v).ok_or_else(|| {
             malformed(
@@ -271,7 +275,7 @@ fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
             })
         })
     };
-    let optional = |key: &'static str| parse::value(&nvml, key).is_some();
+    let optional = |key: &'static str| nvml.get(key).is_some();
     let cc = text("Compute Capability")?;
     let compute_capability = cc
         .iter()
@@ -284,7 +288,7 @@ fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
     let supported_graphics = parse::numbers(&text("Supported Graphics Clocks")?)
         .filter(|l| !l.is_empty())
         .ok_or_else(|| malformed(&nvml_path, b"`Supported Graphics Clocks:` is not a list"))?;
-    let nvlink_remotes = match parse::value(&nvml, "NVLink Remote") {
+    let nvlink_remotes = match nvml.get("NVLink Remote") {
         None => Vec::new(),
         Some(list) => list
             .split(|&b| b == b',')
@@ -298,7 +302,7 @@ fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
                 )
             })?,
     };
-    let fabric = match parse::value(&nvml, "Fabric Cluster UUID") {
+    let fabric = match nvml.get("Fabric Cluster UUID") {
         None => None,
         Some(u) => Some((
             parse::uuid_bytes(u)
