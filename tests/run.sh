@@ -73,6 +73,8 @@ step "rust-version covers every locked package"
 bash tests/rust-version.sh
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+step "cargo deny: licenses, duplicate versions, sources (tests/deny.sh)"
+bash tests/deny.sh
 # No separate debug build: `cargo test` builds every library and binary (and fails on what `cargo
 # build` would); a `cargo build --workspace` first only compiled dependencies twice, with and
 # without the features the dev-dependencies add.
@@ -82,6 +84,8 @@ step "the files the images copy (x86_64)"
 bash tests/images.sh "${CARGO_TARGET_DIR:-target}/release" x86_64
 step "cargo test"
 cargo test --workspace
+step "the NVML library against nvml.h and pynvml (tests/nvml/run.sh)"
+bash tests/nvml/run.sh
 step "waiting for the roots and the Kubernetes build started in the background"
 prefetch_wait
 step "aarch64: cross build, the architecture-dependent tests under qemu-user (tests/arm64/run.sh; cached in /var/tmp/mgarm64)"

@@ -26,10 +26,10 @@ if [ ! -x "$CACHE/venv/bin/python" ]; then
   "$CACHE/venv/bin/pip" install --quiet nvidia-ml-py
 fi
 
-cargo build --quiet --release -p mockgpu-nvml
-cargo build --quiet -p mockgpu-agent
-LIB=target/release/libnvidia_ml.so
-AGENT=target/debug/mockgpu-agent
+# The release build tests/run.sh has made already (nothing to do then).
+bash tests/release-build.sh
+LIB=${CARGO_TARGET_DIR:-target}/release/libnvidia_ml.so
+AGENT=${CARGO_TARGET_DIR:-target}/release/mockgpu-agent
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 # Consumers load the library by its SONAME.
