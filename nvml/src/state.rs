@@ -1,0 +1,363 @@
+//! Loading the served tree at `nvmlInit`, and the devices the handles point to.
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+
+use crate::ffi::{self, Ret};
+use crate::parse::{self, BusId};
+use crate::sys::{self, Lock};
+
+/// One GPU: what the driver files and `nvml/gpus/<bus>` say, and what callers set.
+pub struct Device {
+    pub index: u32,
+    pub minor: u32,
+    pub name: Vec<u8>,
+    pub uuid: Vec<u8>,
+    pub vbios: Vec<u8>,
+    pub bus: BusId,
+    /// `device << 16 | vendor`.
+    pub pci_device_id: u32,
+    /// `subsystem device << 16 | subsystem vendor`.
+    pub pci_subsystem_id: u32,
+    pub class: u32,
+    pub numa_node: i32,
+    pub cpus: Vec<u32>,
+    pub architecture: u32,
+    pub compute_capability: (u32, u32),
+    pub brand: u32,
+    pub serial: Vec<u8>,
+    pub board_part_number: Vec<u8>,
+    /// Image, OEM, ECC, power.
+    pub inforom: [Vec<u8>; 4],
+    pub memory_total: u64,
+    pub memory_reserved: u64,
+    pub bar1_total: u64,
+    /// Usage, limit (default), min, max; mW.
+    pub power: [u32; 4],
+    /// Current, slowdown, shutdown, GPU max, memory max; °C.
+    pub temperatures: [u32; 5],
+    pub fan_speed: Option<u32>,
+    pub graphics_max: u32,
+    pub graphics_default: u32,
+    pub memory_clock: u32,
+    pub video_max: u32,
+    pub supported_graphics: Vec<u32>,
+    pub ecc: bool,
+    pub nvlink_version: Option<u32>,
+    pub nvlink_remotes: Vec<BusId>,
+    pub fabric: Option<([u8; 16], u32)>,
+    /// Settable: the application graphics clock and the locked clock range (MHz).
+    pub app_graphics: u32,
+    pub locked: Option<(u32, u32)>,
+}
+
+impl Device {
+    /// The handle callers hold.
+    pub fn handle(&self) -> ffi::Device {
+        core::ptr::from_ref(self).cast_mut()
+    }
+
+    /// The graphics clock now: the locked range's top when locked, else the application clock.
+    pub fn graphics_now(&self) -> u32 {
+        self.locked
+            .map_or(self.app_graphics, |(_, max)| max.min(self.app_graphics))
+    }
+}
+
+/// What `nvmlInit` loaded.
+pub struct Loaded {
+    pub driver_version: Vec<u8>,
+    /// `1000 * major + 10 * minor`.
+    pub cuda_version: u32,
+    pub devices: Vec<Box<Device>>,
+}
+
+impl Loaded {
+    /// The device a handle points to (compared by address; never dereferenced unchecked).
+    pub fn device(&mut self, h: ffi::Device) -> Option<&mut Device> {
+        self.devices
+            .iter_mut()
+            .map(|d| &mut **d)
+            .find(|d| core::ptr::eq(*d, h))
+    }
+}
+
+/// The library's state: how many `nvmlInit` calls are not yet shut down, and the tree.
+pub struct State {
+    refs: u32,
+    pub loaded: Option<Loaded>,
+}
+
+pub static STATE: Lock<State> = Lock::new(State {
+    refs: 0,
+    loaded: None,
+});
+
+/// `nvmlInit*`: loads the tree on the first call, counts the others.
+pub fn init(flags: u32) -> Ret {
+    let mut s = STATE.lock();
+    if s.loaded.is_none() {
+        match load(flags) {
+            Ok(l) => s.loaded = Some(l),
+            Err(code) => return code,
+        }
+    }
+    s.refs = s.refs.saturating_add(1);
+    ffi::SUCCESS
+}
+
+/// `nvmlShutdown`: drops the tree with the last reference.
+pub fn shutdown() -> Ret {
+    let mut s = STATE.lock();
+    if s.refs == 0 {
+        return ffi::ERROR_UNINITIALIZED;
+    }
+    s.refs = s.refs.saturating_sub(1);
+    if s.refs == 0 {
+        s.loaded = None;
+    }
+    ffi::SUCCESS
+}
+
+/// Runs `f` on the loaded tree (`NVML_ERROR_UNINITIALIZED` before `nvmlInit`).
+pub fn with_loaded(f: impl FnOnce(&mut Loaded) -> Ret) -> Ret {
+    match STATE.lock().loaded.as_mut() {
+        Some(l) => f(l),
+        None => ffi::ERROR_UNINITIALIZED,
+    }
+}
+
+/// Runs `f` on the device `h` points to (`NVML_ERROR_INVALID_ARGUMENT` for anything else).
+pub fn with_device(h: ffi::Device, f: impl FnOnce(&mut Device) -> Ret) -> Ret {
+    with_loaded(|l| l.device(h).map_or(ffi::ERROR_INVALID_ARGUMENT, f))
+}
+
+/// The mock root: `$MOCKFS_ROOT`, unset or empty meaning `/run/mockgpu/fs`.
+fn root() -> &'static [u8] {
+    sys::env(c"MOCKFS_ROOT")
+        .filter(|r| !r.is_empty())
+        .unwrap_or(b"/run/mockgpu/fs")
+}
+
+/// `root/rel`.
+fn join(root: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut p = root.to_vec();
+    for part in parts {
+        if p.last() != Some(&b'/') {
+            p.push(b'/');
+        }
+        p.extend_from_slice(part);
+    }
+    p
+}
+
+/// A malformed file: logged once, reported as `NVML_ERROR_UNKNOWN`.
+fn malformed(path: &[u8], what: &[u8]) -> Ret {
+    sys::log(&[path, b": ", what]);
+    ffi::ERROR_UNKNOWN
+}
+
+/// The file at `path`, as a malformed tree when it is missing.
+fn required_file(path: &[u8]) -> Result<Vec<u8>, Ret> {
+    sys::read_file(path).ok_or_else(|| malformed(path, b"cannot be read"))
+}
+
+/// Reads the tree; `NVML_ERROR_DRIVER_NOT_LOADED` without one.
+fn load(flags: u32) -> Result<Loaded, Ret> {
+    let root = root();
+    let version_path = join(root, &[b"proc/driver/nvidia/version"]);
+    let version = sys::read_file(&version_path).ok_or(ffi::ERROR_DRIVER_NOT_LOADED)?;
+    let driver_version = parse::driver_version(&version)
+        .ok_or_else(|| malformed(&version_path, b"no driver version on the NVRM version line"))?
+        .to_vec();
+    let gpus_dir = join(root, &[b"proc/driver/nvidia/gpus"]);
+    let names = sys::list_dir(&gpus_dir).ok_or(ffi::ERROR_DRIVER_NOT_LOADED)?;
+    if names.is_empty() && flags & ffi::INIT_FLAG_NO_GPUS == 0 {
+        return Err(ffi::ERROR_DRIVER_NOT_LOADED);
+    }
+    let system_path = join(root, &[SYSTEM_FILE]);
+    let system = required_file(&system_path)?;
+    let cuda_version = parse::value(&system, "CUDA Driver Version")
+        .and_then(parse::number_u32)
+        .ok_or_else(|| malformed(&system_path, b"no `CUDA Driver Version:` number"))?;
+    let mut devices = Vec::with_capacity(names.len());
+    for name in &names {
+        devices.push(Box::new(load_device(root, name)?));
+    }
+    devices.sort_by_key(|d| d.minor);
+    for (index, d) in (0u32..).zip(devices.iter_mut()) {
+        d.index = index;
+    }
+    Ok(Loaded {
+        driver_version,
+        cuda_version,
+        devices,
+    })
+}
+
+/// Where the agent renders the NVML data (`mockgpu_api::nvml`; the keys below are that module's
+/// `key`s: the integration tests render with it and read through this library).
+const SYSTEM_FILE: &[u8] = b"nvml/system";
+const GPUS_DIR: &[u8] = b"nvml/gpus";
+
+/// One GPU from `proc/driver/nvidia/gpus/<name>/information`, its sysfs device and its
+/// `nvml/gpus/<bus>` file.
+fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
+    let info_path = join(root, &[b"proc/driver/nvidia/gpus", name, b"information"]);
+    let info = required_file(&info_path)?;
+    let field = |key: &'static str| {
+        parse::value(&info, key)
+            .ok_or_else(|| malformed(&info_path, alloc::format!("no `{key}:` line").as_bytes()))
+    };
+    let bus_text = field("Bus Location")?;
+    let bus = BusId::parse(bus_text)
+        .ok_or_else(|| malformed(&info_path, b"`Bus Location:` is not a PCI address"))?;
+    let minor = parse::number_u32(field("Device Minor")?)
+        .ok_or_else(|| malformed(&info_path, b"`Device Minor:` is not a number"))?;
+    let name_value = field("Model")?.to_vec();
+    let uuid = field("GPU UUID")?.to_vec();
+    let vbios = field("Video BIOS")?.to_ascii_uppercase();
+
+    let sys_dir = join(root, &[b"sys/bus/pci/devices", bus_text]);
+    let attr = |attr: &'static str| {
+        let path = join(&sys_dir, &[attr.as_bytes()]);
+        required_file(&path).map(|text| (path, text))
+    };
+    let id = |attr_name: &'static str| {
+        let (path, text) = attr(attr_name)?;
+        parse::number_u32(&text).ok_or_else(|| malformed(&path, b"not a number"))
+    };
+    let (vendor, device) = (id("vendor")?, id("device")?);
+    let (sub_vendor, sub_device) = (id("subsystem_vendor")?, id("subsystem_device")?);
+    let class = id("class")?;
+    let (numa_path, numa_text) = attr("numa_node")?;
+    let numa_node =
+        parse::numa_node(&numa_text).ok_or_else(|| malformed(&numa_path, b"not a NUMA node"))?;
+    let (cpus_path, cpus_text) = attr("local_cpulist")?;
+    let cpus =
+        parse::cpu_list(&cpus_text).ok_or_else(|| malformed(&cpus_path, b"not a CPU list"))?;
+
+    let nvml_path = join(root, &[GPUS_DIR, bus_text]);
+    let nvml = required_file(&nvml_path)?;
+    let text = |key: &'static str| {
+        parse::value(&nvml, key)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| malformed(&nvml_path, alloc::format!("no `{key}:` line").as_bytes()))
+    };
+    let num64 = |key: &'static str| {
+        let v = parse::value(&nvml, key)
+            .ok_or_else(|| malformed(&nvml_path, alloc::format!("no `{key}:` line").as_bytes()))?;
+        parse::number(v).ok_or_else(|| {
+            malformed(
+                &nvml_path,
+                alloc::format!("`{key}:` is not a number").as_bytes(),
+            )
+        })
+    };
+    let num = |key: &'static str| {
+        num64(key).and_then(|n| {
+            u32::try_from(n).map_err(|_| {
+                malformed(
+                    &nvml_path,
+                    alloc::format!("`{key}:` is too large").as_bytes(),
+                )
+            })
+        })
+    };
+    let optional = |key: &'static str| parse::value(&nvml, key).is_some();
+    let cc = text("Compute Capability")?;
+    let compute_capability = cc
+        .iter()
+        .position(|&b| b == b'.')
+        .and_then(|dot| {
+            let major = parse::number_u32(cc.get(..dot)?)?;
+            Some((major, parse::number_u32(cc.get(dot.saturating_add(1)..)?)?))
+        })
+        .ok_or_else(|| malformed(&nvml_path, b"`Compute Capability:` is not like 9.0"))?;
+    let supported_graphics = parse::numbers(&text("Supported Graphics Clocks")?)
+        .filter(|l| !l.is_empty())
+        .ok_or_else(|| malformed(&nvml_path, b"`Supported Graphics Clocks:` is not a list"))?;
+    let nvlink_remotes = match parse::value(&nvml, "NVLink Remote") {
+        None => Vec::new(),
+        Some(list) => list
+            .split(|&b| b == b',')
+            .map(BusId::parse)
+            .collect::<Option<Vec<_>>>()
+            .filter(|l| l.len() <= ffi::NVLINK_MAX_LINKS as usize)
+            .ok_or_else(|| {
+                malformed(
+                    &nvml_path,
+                    b"`NVLink Remote:` is not a list of up to 18 PCI addresses",
+                )
+            })?,
+    };
+    let fabric = match parse::value(&nvml, "Fabric Cluster UUID") {
+        None => None,
+        Some(u) => Some((
+            parse::uuid_bytes(u)
+                .ok_or_else(|| malformed(&nvml_path, b"`Fabric Cluster UUID:` is not a UUID"))?,
+            num("Fabric Clique ID")?,
+        )),
+    };
+    let graphics_default = num("Graphics Clock Default")?;
+    Ok(Device {
+        index: 0,
+        minor,
+        name: name_value,
+        uuid,
+        vbios,
+        bus,
+        pci_device_id: device.wrapping_shl(16) | vendor,
+        pci_subsystem_id: sub_device.wrapping_shl(16) | sub_vendor,
+        class,
+        numa_node,
+        cpus,
+        architecture: num("Architecture")?,
+        compute_capability,
+        brand: num("Brand")?,
+        serial: text("Serial")?,
+        board_part_number: text("Board Part Number")?,
+        inforom: [
+            text("InfoROM Image")?,
+            text("InfoROM OEM")?,
+            text("InfoROM ECC")?,
+            text("InfoROM Power")?,
+        ],
+        memory_total: num64("Memory Total")?,
+        memory_reserved: num64("Memory Reserved")?,
+        bar1_total: num64("BAR1 Total")?,
+        power: [
+            num("Power Usage")?,
+            num("Power Limit")?,
+            num("Power Min Limit")?,
+            num("Power Max Limit")?,
+        ],
+        temperatures: [
+            num("Temperature")?,
+            num("Temperature Slowdown")?,
+            num("Temperature Shutdown")?,
+            num("Temperature GPU Max")?,
+            num("Temperature Memory Max")?,
+        ],
+        fan_speed: if optional("Fan Speed") {
+            Some(num("Fan Speed")?)
+        } else {
+            None
+        },
+        graphics_max: num("Graphics Clock Max")?,
+        graphics_default,
+        memory_clock: num("Memory Clock")?,
+        video_max: num("Video Clock Max")?,
+        supported_graphics,
+        ecc: text("ECC")? == b"Enabled",
+        nvlink_version: if nvlink_remotes.is_empty() {
+            None
+        } else {
+            Some(num("NVLink Version")?)
+        },
+        nvlink_remotes,
+        fabric,
+        app_graphics: graphics_default,
+        locked: None,
+    })
+}
