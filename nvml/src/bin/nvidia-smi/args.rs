@@ -6,8 +6,12 @@ use crate::query::Display;
 
 /// What to do.
 pub enum Command {
-    Summary { ids: Option<Vec<String>> },
-    List { ids: Option<Vec<String>> },
+    Summary {
+        ids: Option<Vec<String>>,
+    },
+    List {
+        ids: Option<Vec<String>>,
+    },
     Query {
         ids: Option<Vec<String>>,
         display: Option<Vec<Display>>,
@@ -28,7 +32,8 @@ pub enum Command {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Usage(pub String);
 
-const INVALID: &str = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.";
+const INVALID: &str =
+    "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.";
 
 fn invalid() -> Usage {
     Usage(INVALID.to_string())
@@ -42,10 +47,11 @@ fn value<'a>(
 ) -> Result<&'a str, Usage> {
     match inline {
         Some(v) => Ok(v),
-        None => rest
-            .next()
-            .map(String::as_str)
-            .ok_or_else(|| Usage(format!("Option \"{arg}\" requires a value. Please run 'nvidia-smi -h' for help."))),
+        None => rest.next().map(String::as_str).ok_or_else(|| {
+            Usage(format!(
+                "Option \"{arg}\" requires a value. Please run 'nvidia-smi -h' for help."
+            ))
+        }),
     }
 }
 
@@ -187,8 +193,10 @@ mod tests {
             panic!("not a list");
         };
         assert_eq!(ids, ["0", "GPU-abc"]);
-        let Ok(Command::Query { ids: Some(ids), display: Some(d) }) =
-            p(&["-q", "--id=00000008:06:00.0", "-d", "MEMORY,power"])
+        let Ok(Command::Query {
+            ids: Some(ids),
+            display: Some(d),
+        }) = p(&["-q", "--id=00000008:06:00.0", "-d", "MEMORY,power"])
         else {
             panic!("not a query");
         };
@@ -203,7 +211,10 @@ mod tests {
             header,
             units,
             ..
-        }) = p(&["--query-gpu=index,gpu_name,memory.total", "--format=csv,noheader"])
+        }) = p(&[
+            "--query-gpu=index,gpu_name,memory.total",
+            "--format=csv,noheader",
+        ])
         else {
             panic!("not a query-gpu");
         };
@@ -218,7 +229,10 @@ mod tests {
         let Err(Usage(msg)) = p(&["--query-gpu=index,cuda_version", "--format=csv"]) else {
             panic!("accepted");
         };
-        assert_eq!(msg, "Field \"cuda_version\" is not a valid field to query.\n");
+        assert_eq!(
+            msg,
+            "Field \"cuda_version\" is not a valid field to query.\n"
+        );
     }
 
     #[test]

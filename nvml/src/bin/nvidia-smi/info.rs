@@ -1,7 +1,7 @@
 //! What the formats print, collected from NVML into plain structs: formatting never calls NVML.
 
 use crate::nvml::{
-    Bar1, Clock, Device, EccCounter, Fabric, Memory, Nvml, Pci, RemappedRows, RetireCause, Ret,
+    Bar1, Clock, Device, EccCounter, Fabric, Memory, Nvml, Pci, RemappedRows, Ret, RetireCause,
     Threshold, Val,
 };
 
@@ -226,9 +226,7 @@ impl Gpu {
             power_limit_range: nvml.power_limit_constraints(d),
             clocks: Clocks::collect(|c| nvml.clock(d, c)),
             applications_clocks: Clocks::collect(|c| nvml.applications_clock(d, c)),
-            default_applications_clocks: Clocks::collect(|c| {
-                nvml.default_applications_clock(d, c)
-            }),
+            default_applications_clocks: Clocks::collect(|c| nvml.default_applications_clock(d, c)),
             max_clocks: Clocks::collect(|c| nvml.max_clock(d, c)),
             max_boost_graphics: nvml.max_customer_boost_clock(d, Clock::Graphics),
             fabric: nvml.fabric(d),
@@ -253,7 +251,7 @@ pub struct TopoGpu {
 /// How two GPUs connect: by this many NVLinks, or through PCIe up to a topology level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Link {
-    NvLink(u32),
+    Nvlinks(u32),
     /// `nvmlGpuTopologyLevel_t`.
     Pcie(u32),
     Unknown(Ret),
@@ -299,7 +297,7 @@ impl Topology {
                             _ => 0,
                         };
                         if nvlinks > 0 {
-                            Link::NvLink(nvlinks)
+                            Link::Nvlinks(nvlinks)
                         } else if i == j {
                             Link::Pcie(0)
                         } else {
@@ -391,7 +389,7 @@ pub mod sample {
             display_active: Ok(0),
             persistence_mode: Ok(1),
             mig_mode: Ok((0, 0)),
-            fan_speed: na.clone(),
+            fan_speed: na,
             performance_state: Ok(0),
             memory: Ok(Memory {
                 total: 143_771 * MIB,
@@ -410,8 +408,8 @@ pub mod sample {
             ecc_volatile: zero_ecc(),
             ecc_aggregate: zero_ecc(),
             ecc_volatile_uncorrected: Ok(0),
-            retired_single_bit: na.clone(),
-            retired_double_bit: na.clone(),
+            retired_single_bit: na,
+            retired_double_bit: na,
             retired_pending: Err(Ret::NOT_SUPPORTED),
             remapped_rows: Ok(RemappedRows {
                 correctable: 0,

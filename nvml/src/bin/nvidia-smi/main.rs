@@ -46,23 +46,41 @@ fn start() -> Result<Nvml, Failure> {
     Nvml::start().map_err(|e| match e {
         StartError::LibraryNotFound => Failure::new(NO_LIBRARY, Ret(12)),
         StartError::Init(Ret::DRIVER_NOT_LOADED) => Failure::new(NO_DRIVER, Ret::DRIVER_NOT_LOADED),
-        StartError::Init(r) => Failure::new(format!("Failed to initialize NVML: {}", r.message()), r),
+        StartError::Init(r) => {
+            Failure::new(format!("Failed to initialize NVML: {}", r.message()), r)
+        }
     })
 }
 
 /// The GPUs `-i` names (all of them without `-i`), with their indexes.
-fn devices(nvml: &Nvml, sys: &System, ids: Option<&[String]>) -> Result<Vec<(u32, Device)>, Failure> {
+fn devices(
+    nvml: &Nvml,
+    sys: &System,
+    ids: Option<&[String]>,
+) -> Result<Vec<(u32, Device)>, Failure> {
     let none = || Failure::new(NO_DEVICES, Ret::NOT_FOUND);
-    let count = *sys.count.as_ref().map_err(|&e| Failure::new(NO_DEVICES, e))?;
+    let count = *sys
+        .count
+        .as_ref()
+        .map_err(|&e| Failure::new(NO_DEVICES, e))?;
     if count == 0 {
         return Err(none());
     }
     let all: Vec<Device> = (0..count)
         .map(|i| nvml.by_index(i))
         .collect::<Result<_, _>>()
-        .map_err(|e| Failure::new(format!("Unable to determine the device handle: {}", e.message()), e))?;
+        .map_err(|e| {
+            Failure::new(
+                format!("Unable to determine the device handle: {}", e.message()),
+                e,
+            )
+        })?;
     let Some(ids) = ids else {
-        return Ok(all.into_iter().enumerate().map(|(i, d)| (i as u32, d)).collect());
+        return Ok(all
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| (i as u32, d))
+            .collect());
     };
     ids.iter()
         .map(|id| {
@@ -134,7 +152,10 @@ fn run(cmd: Command) -> Result<String, Failure> {
         } => {
             let (nvml, sys) = ready()?;
             let gpus = gpus(&nvml, &sys, ids.as_deref())?;
-            let ctx = csv::Ctx { sys: &sys, now: &now };
+            let ctx = csv::Ctx {
+                sys: &sys,
+                now: &now,
+            };
             csv::render(&ctx, &gpus, &fields, header, units)
         }
         Command::Topo => {
@@ -168,7 +189,11 @@ fn main() -> ExitCode {
         },
     };
     let mut stdout = std::io::stdout().lock();
-    if stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()).is_err() {
+    if stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
         return ExitCode::from(255);
     }
     ExitCode::from(code)

@@ -395,7 +395,10 @@ impl Nvml {
         Ok(c_text(&buf))
     }
 
-    fn system_text(&self, f: Option<unsafe extern "C" fn(*mut c_char, c_uint) -> u32>) -> Val<String> {
+    fn system_text(
+        &self,
+        f: Option<unsafe extern "C" fn(*mut c_char, c_uint) -> u32>,
+    ) -> Val<String> {
         let f = get(f)?;
         let mut buf = [0 as c_char; 80];
         // SAFETY: buf holds 80 bytes, as passed.

@@ -114,8 +114,12 @@ fn identity(doc: &mut Doc, g: &Gpu) {
     doc.val(1, "Product Architecture", &g.architecture, |&a| {
         architecture(a).to_string()
     });
-    doc.val(1, "Display Mode", &g.display_mode, |&m| enabled(m).to_string());
-    doc.val(1, "Display Active", &g.display_active, |&m| enabled(m).to_string());
+    doc.val(1, "Display Mode", &g.display_mode, |&m| {
+        enabled(m).to_string()
+    });
+    doc.val(1, "Display Active", &g.display_active, |&m| {
+        enabled(m).to_string()
+    });
     doc.val(1, "Persistence Mode", &g.persistence_mode, |&m| {
         enabled(m).to_string()
     });
@@ -198,7 +202,9 @@ fn gpu_block(doc: &mut Doc, g: &Gpu, show: &dyn Fn(Display) -> bool, full: bool)
         doc.head(1, "Retired Pages");
         doc.val(2, "Single Bit ECC", &g.retired_single_bit, u32::to_string);
         doc.val(2, "Double Bit ECC", &g.retired_double_bit, u32::to_string);
-        doc.val(2, "Pending Page Blacklist", &g.retired_pending, |&p| yes_no(p));
+        doc.val(2, "Pending Page Blacklist", &g.retired_pending, |&p| {
+            yes_no(p)
+        });
     }
     if show(Display::RowRemapper) {
         match &g.remapped_rows {
@@ -218,8 +224,18 @@ fn gpu_block(doc: &mut Doc, g: &Gpu, show: &dyn Fn(Display) -> bool, full: bool)
         doc.val(2, "GPU Current Temp", &g.temperature, &c);
         doc.val(2, "GPU Shutdown Temp", &g.shutdown_temperature, &c);
         doc.val(2, "GPU Slowdown Temp", &g.slowdown_temperature, &c);
-        doc.val(2, "GPU Max Operating Temp", &g.max_operating_temperature, &c);
-        doc.val(2, "Memory Max Operating Temp", &g.memory_max_temperature, &c);
+        doc.val(
+            2,
+            "GPU Max Operating Temp",
+            &g.max_operating_temperature,
+            &c,
+        );
+        doc.val(
+            2,
+            "Memory Max Operating Temp",
+            &g.memory_max_temperature,
+            &c,
+        );
     }
     if show(Display::Power) {
         let w = |&mw: &u32| format!("{} W", watts(mw));
@@ -228,8 +244,12 @@ fn gpu_block(doc: &mut Doc, g: &Gpu, show: &dyn Fn(Display) -> bool, full: bool)
         doc.val(2, "Current Power Limit", &g.enforced_power_limit, w);
         doc.val(2, "Requested Power Limit", &g.power_limit, w);
         doc.val(2, "Default Power Limit", &g.default_power_limit, w);
-        doc.val(2, "Min Power Limit", &g.power_limit_range, |(min, _)| w(min));
-        doc.val(2, "Max Power Limit", &g.power_limit_range, |(_, max)| w(max));
+        doc.val(2, "Min Power Limit", &g.power_limit_range, |(min, _)| {
+            w(min)
+        });
+        doc.val(2, "Max Power Limit", &g.power_limit_range, |(_, max)| {
+            w(max)
+        });
     }
     if show(Display::Clock) {
         clocks_block(doc, "Clocks", &g.clocks, true);
@@ -262,7 +282,12 @@ fn gpu_block(doc: &mut Doc, g: &Gpu, show: &dyn Fn(Display) -> bool, full: bool)
                     doc.kv_in(42, 2, "Process ID", p.pid);
                     doc.kv_in(42, 3, "Type", "C");
                     doc.kv_in(42, 3, "Name", or_na(&p.name, Clone::clone));
-                    doc.kv_in(42, 3, "Used GPU Memory", format!("{} MiB", mib(p.used_memory)));
+                    doc.kv_in(
+                        42,
+                        3,
+                        "Used GPU Memory",
+                        format!("{} MiB", mib(p.used_memory)),
+                    );
                 }
             }
             Err(e) => doc.kv(1, "Processes", e.na()),
@@ -273,7 +298,11 @@ fn gpu_block(doc: &mut Doc, g: &Gpu, show: &dyn Fn(Display) -> bool, full: bool)
 
 /// The log of `gpus`, with only the groups of `display` when given.
 pub fn render(sys: &System, gpus: &[Gpu], display: Option<&[Display]>, now: &Stamp) -> String {
-    let width = if sys.driver_major().unwrap_or(580) >= 580 { 55 } else { 42 };
+    let width = if sys.driver_major().unwrap_or(580) >= 580 {
+        55
+    } else {
+        42
+    };
     let mut doc = Doc {
         out: String::from("\n==============NVSMI LOG==============\n\n"),
         width,

@@ -47,12 +47,17 @@ fn gpu_rows(out: &mut String, g: &Gpu) {
     let usage = or_na(&g.power_draw, |&p| format!("{}W", whole_watts(p)));
     let cap = or_na(&g.enforced_power_limit, |&p| format!("{}W", whole_watts(p)));
     let (used, total) = match &g.memory {
-        Ok(m) => (format!("{}MiB", mib(m.used)), format!("{}MiB", mib(m.total))),
+        Ok(m) => (
+            format!("{}MiB", mib(m.used)),
+            format!("{}MiB", mib(m.total)),
+        ),
         Err(e) => (e.na().to_string(), e.na().to_string()),
     };
     let util = or_na(&g.utilization, |(gpu, _)| format!("{gpu}%"));
     let mode = or_na(&g.compute_mode, |&m| compute_mode_short(m).to_string());
-    let mig = or_na(&g.mig_mode, |&(cur, _)| crate::words::enabled(cur).to_string());
+    let mig = or_na(&g.mig_mode, |&(cur, _)| {
+        crate::words::enabled(cur).to_string()
+    });
     let persistence = on_off(&g.persistence_mode, "On", "Off");
     let display = on_off(&g.display_active, "On", "Off");
     let _ = writeln!(
@@ -70,11 +75,17 @@ fn gpu_rows(out: &mut String, g: &Gpu) {
 
 fn process_row(out: &mut String, gpu: u32, p: &ProcessRow, pid_width: usize) {
     let mem = format!("{}MiB", mib(p.used_memory));
-    let prefix = format!("|{gpu:>5}{:>6}{:>5}{:>pid_width$}{:>7}   ", "N/A", "N/A", p.pid, "C");
+    let prefix = format!(
+        "|{gpu:>5}{:>6}{:>5}{:>pid_width$}{:>7}   ",
+        "N/A", "N/A", p.pid, "C"
+    );
     let room = WIDTH + 2 - prefix.len() - mem.len() - 3;
     let name = or_na(&p.name, Clone::clone);
     let name = if name.chars().count() > room {
-        let keep: String = name.chars().skip(name.chars().count() - (room - 3)).collect();
+        let keep: String = name
+            .chars()
+            .skip(name.chars().count() - (room - 3))
+            .collect();
         format!("...{keep}")
     } else {
         name
@@ -133,12 +144,7 @@ pub fn render(sys: &System, gpus: &[Gpu], now: &Stamp) -> String {
     let _ = writeln!(out, "|{}|", "=".repeat(WIDTH));
     let rows: Vec<(u32, &ProcessRow)> = gpus
         .iter()
-        .flat_map(|g| {
-            g.processes
-                .iter()
-                .flatten()
-                .map(move |p| (g.index, p))
-        })
+        .flat_map(|g| g.processes.iter().flatten().map(move |p| (g.index, p)))
         .collect();
     if rows.is_empty() {
         let _ = writeln!(out, "|  {:<87}|", "No running processes found");
@@ -207,7 +213,8 @@ Tue Sep  1 20:41:56 2026
                     used: 0,
                     free: 189_471 * 1024 * 1024,
                 });
-                g.pci.as_mut().unwrap().bus_id = format!("0000000{}:01:00.0", [8, 9][i as usize % 2]);
+                g.pci.as_mut().unwrap().bus_id =
+                    format!("0000000{}:01:00.0", [8, 9][i as usize % 2]);
                 g
             })
             .collect();
@@ -225,7 +232,11 @@ Tue Sep  1 20:41:56 2026
         assert!(lines[12].starts_with("|   1  NVIDIA GB200"));
         // four blocks of four lines after the eight of the header
         assert_eq!(lines[8 + 16], "");
-        assert!(lines.iter().all(|l| l.is_empty() || l.len() == 91 || l.starts_with("Tue")));
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.is_empty() || l.len() == 91 || l.starts_with("Tue"))
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ Legend:
 /// The matrix's word for a link (`nvmlGpuTopologyLevel_t` for PCIe paths).
 fn link(l: Link) -> String {
     match l {
-        Link::NvLink(n) => format!("NV{n}"),
+        Link::Nvlinks(n) => format!("NV{n}"),
         Link::Pcie(0 | 10) => "PIX".to_string(),
         Link::Pcie(20) => "PXB".to_string(),
         Link::Pcie(30) => "PHB".to_string(),
@@ -72,11 +72,20 @@ mod tests {
     /// A GB200-shaped tray: four GPUs on NVLink, two per Grace socket.
     #[test]
     fn nvlink_matrix_as_the_real_tool_prints_it() {
-        let nv = Link::NvLink(18);
+        let nv = Link::Nvlinks(18);
         let t = Topology {
-            gpus: vec![gpu(0..72, 0), gpu(0..72, 0), gpu(72..144, 1), gpu(72..144, 1)],
+            gpus: vec![
+                gpu(0..72, 0),
+                gpu(0..72, 0),
+                gpu(72..144, 1),
+                gpu(72..144, 1),
+            ],
             links: (0..4)
-                .map(|i| (0..4).map(|j| if i == j { Link::Pcie(0) } else { nv }).collect())
+                .map(|i| {
+                    (0..4)
+                        .map(|j| if i == j { Link::Pcie(0) } else { nv })
+                        .collect()
+                })
                 .collect(),
         };
         let out = render(&t);

@@ -39,7 +39,11 @@ pub fn cuda_version(v: i32) -> String {
 /// The NVML version as `--version` shows it: `580.173` of `12.580.173.02` or `580.173.02`.
 pub fn nvml_version(v: &str) -> String {
     let parts: Vec<&str> = v.split('.').collect();
-    let parts = if parts.len() == 4 { &parts[1..] } else { &parts[..] };
+    let parts = if parts.len() == 4 {
+        &parts[1..]
+    } else {
+        &parts[..]
+    };
     parts[..parts.len().min(2)].join(".")
 }
 
@@ -268,7 +272,10 @@ pub mod tests {
         assert_eq!(cuda_version(13000), "13.0");
         assert_eq!(cuda_version(12040), "12.4");
         assert_eq!(mib(143_771 * 1024 * 1024 + 5), 143_771);
-        assert_eq!(or_na(&Err::<u32, _>(Ret::NOT_SUPPORTED), |v| v.to_string()), "N/A");
+        assert_eq!(
+            or_na(&Err::<u32, _>(Ret::NOT_SUPPORTED), |v| v.to_string()),
+            "N/A"
+        );
     }
 
     #[test]
@@ -280,9 +287,7 @@ pub mod tests {
     #[test]
     fn cluster_uuid_is_dashed() {
         let f = Fabric {
-            cluster_uuid: [
-                0xb2, 0xda, 0xed, 0x23, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
-            ],
+            cluster_uuid: [0xb2, 0xda, 0xed, 0x23, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
             status: 0,
             clique_id: 1,
             state: 3,
