@@ -11,10 +11,12 @@ RUNS=${1:-20}
 PROFILE=${PROFILE:-gb300}
 TARGET=${CARGO_TARGET_DIR:-target}
 mkdir -p bench/out
-CARGO_TARGET_DIR=$TARGET cargo build --release -q -p mockgpu-nvml -p mockgpu-agent
+# The library and nvidia-smi as shipped (release); the agent only renders the tree (debug will do).
+CARGO_TARGET_DIR=$TARGET cargo build --release -q -p mockgpu-nvml
+CARGO_TARGET_DIR=$TARGET cargo build -q -p mockgpu-agent
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-"$TARGET/release/mockgpu-agent" render --profile "$PROFILE" --node-name bench \
+"$TARGET/debug/mockgpu-agent" render --profile "$PROFILE" --node-name bench \
     --sysfs agent/tests/fixtures/two-socket --out "$WORK/root" >/dev/null
 mkdir "$WORK/lib"
 ln -s "$(realpath "$TARGET/release/libnvidia_ml.so")" "$WORK/lib/libnvidia-ml.so.1"
@@ -39,7 +41,7 @@ stats() { # VALUES... -> "min MIN median MED max MAX"
             walls+=("$(awk -v w="$w" 'BEGIN { print w * 1000 }')")
             cpus+=("$(awk -v u="$u" -v s="$s" 'BEGIN { print (u + s) * 1000 }')")
         done
-        printf 'nvidia-smi %-3s wall ms: %s   CPU ms: %s\n' "$args" "$(stats "${walls[@]}")" \
+        printf 'nvidia-smi %-7s wall ms: %s   CPU ms: %s\n' "${args:-(table)}" "$(stats "${walls[@]}")" \
             "$(stats "${cpus[@]}")"
     done
 } | tee bench/out/nvidia-smi.txt

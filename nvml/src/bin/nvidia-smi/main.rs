@@ -101,6 +101,16 @@ fn devices(
         .collect()
 }
 
+/// A GPU's line of `-L`: `GPU 0: NVIDIA GB300 (UUID: GPU-…)`.
+fn list_line(g: &Listed) -> String {
+    format!(
+        "GPU {}: {} (UUID: {})\n",
+        g.index,
+        or_na(&g.name, Clone::clone),
+        or_na(&g.uuid, Clone::clone)
+    )
+}
+
 /// NVML started, and the system's values every format shows.
 fn ready() -> Result<(Nvml, System), Failure> {
     let nvml = start()?;
@@ -124,15 +134,7 @@ fn run(cmd: Command) -> Result<String, Failure> {
             let (nvml, sys) = ready()?;
             devices(&nvml, &sys, ids.as_deref())?
                 .into_iter()
-                .map(|(i, d)| {
-                    let g = Listed::collect(&nvml, i, d);
-                    format!(
-                        "GPU {}: {} (UUID: {})\n",
-                        g.index,
-                        or_na(&g.name, Clone::clone),
-                        or_na(&g.uuid, Clone::clone)
-                    )
-                })
+                .map(|(i, d)| list_line(&Listed::collect(&nvml, i, d)))
                 .collect()
         }
         Command::Summary { ids } => {
@@ -197,4 +199,28 @@ fn main() -> ExitCode {
         return ExitCode::from(255);
     }
     ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_lines_as_the_real_tool_prints_them() {
+        let g = Listed {
+            index: 0,
+            name: Ok("NVIDIA H200".to_string()),
+            uuid: Ok("GPU-00000000-0000-0000-0000-000000000000".to_string()),
+        };
+        assert_eq!(
+            list_line(&g),
+            "GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)\n"
+        );
+        let unknown = Listed {
+            index: 3,
+            name: Err(Ret::NOT_SUPPORTED),
+            uuid: Err(Ret(999)),
+        };
+        assert_eq!(list_line(&unknown), "GPU 3: N/A (UUID: Unknown Error)\n");
+    }
 }
