@@ -94,6 +94,9 @@ fn carried() {
         .arg("--target-dir")
         .arg(&target_dir)
         .env_remove("CARGO_TARGET_DIR")
+        // An outer `cargo clippy` sets it: the carried packages are linted as workspace members,
+        // not through the agent's build
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS");
