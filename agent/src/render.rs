@@ -1,12 +1,13 @@
 //! Renders a node's mock GPUs as the NVIDIA driver's files: `/proc/driver/nvidia`, PCI sysfs,
 //! `/sys/module/nvidia` and the `/dev/nvidia*` nodes, byte for byte as the driver branch of the
-//! profile prints them (see `docs/driver-files.md`), and the merged `/proc/devices` that
-//! publishes the device majors.
+//! profile prints them (see `docs/driver-files.md`), the merged `/proc/devices` that
+//! publishes the device majors, and the data only NVML has, for the mock `libnvidia-ml.so.1`
+//! (`nvml/`, see `docs/nvml.md`).
 
 use std::fmt::Write as _;
 
 use mockgpu_api::layout::PREFIXES_FILE;
-use mockgpu_api::{Arch, Gpu, HostTopology, NodeTopology, Profile, information};
+use mockgpu_api::{Arch, Gpu, HostTopology, NodeTopology, Profile, information, nvml};
 
 use crate::tree::Tree;
 
@@ -39,6 +40,7 @@ pub fn driver_tree(topo: &NodeTopology, host: &HostTopology) -> Tree {
         "DeviceFileMinor: 4095\nDeviceFileMode: 256\nDeviceFileModify: 1\n",
     );
     t.dir(&format!("{PROC}/gpus"));
+    t.file(nvml::SYSTEM_FILE, nvml::render_system(p));
     let numa_base = host.numa_nodes.iter().map(|n| n.id + 1).max().unwrap_or(1);
 
     for (id, path) in host
@@ -64,6 +66,7 @@ pub fn driver_tree(topo: &NodeTopology, host: &HostTopology) -> Tree {
         t.file(&format!("{gdir}/information"), information::render(p, gpu));
         t.file(&format!("{gdir}/registry"), "Binary: \"\"\n");
         t.file(&format!("{gdir}/power"), power_file(p));
+        t.file(&nvml::gpu_file(&gpu.bus_id), nvml::render_gpu(topo, gpu));
         if p.numa_status {
             let node = numa_base + gpu.index;
             t.file(
@@ -238,7 +241,7 @@ fn bars(p: &Profile, gpu: &Gpu) -> [(u64, u64, u64); 3] {
     const BAR3_SIZE: u64 = 32 << 20;
     const WINDOW_BASE: u64 = 0x2000_0000_0000;
     let i = u64::from(gpu.index);
-    let bar1_size = (p.memory_mib << 20).next_power_of_two();
+    let bar1_size = nvml::bar1_bytes(p);
     let half = bar1_size.max(BAR3_SIZE);
     let window = WINDOW_BASE + i * (2 * half).max(1 << 40);
     [

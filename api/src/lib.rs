@@ -10,6 +10,7 @@ pub mod driver;
 pub mod gpunode;
 pub mod information;
 pub mod layout;
+pub mod nvml;
 pub mod profile;
 pub mod topology;
 

@@ -10,6 +10,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::BusId;
+use crate::nvml::{Nvml, NvmlSpec};
 
 /// The built-in profiles, by name; the first is the default.
 pub const BUILTIN: &[(&str, &str)] = &[
@@ -160,6 +161,8 @@ pub struct ProfileSpec {
     /// Indices of GPUs that have failed: still rendered, but reported unhealthy (the device
     /// plugin advertises them as `Unhealthy`, so the kubelet stops counting them).
     pub failed_gpus: Option<Vec<u32>>,
+    /// What only NVML reports (clocks, power, temperatures, NVLink, …); see [`crate::nvml`].
+    pub nvml: Option<NvmlSpec>,
 }
 
 /// A complete, validated profile.
@@ -204,6 +207,8 @@ pub struct Profile {
     /// Indices of failed GPUs, ascending and below the GPU count (not part of the GPUs'
     /// identity: a GPU keeps its UUID when it fails).
     pub failed_gpus: Vec<u32>,
+    /// What only NVML reports.
+    pub nvml: Nvml,
 }
 
 impl Profile {
@@ -299,6 +304,10 @@ impl ProfileSpec {
             coherent_memory: over.coherent_memory.or(self.coherent_memory),
             numa_status: over.numa_status.or(self.numa_status),
             failed_gpus: over.failed_gpus.or(self.failed_gpus),
+            nvml: match (self.nvml, over.nvml) {
+                (Some(base), Some(over)) => Some(base.overlay(over)),
+                (base, over) => over.or(base),
+            },
         }
     }
 
@@ -419,11 +428,17 @@ impl ProfileSpec {
                 format!("GPU {} is listed twice", pair[0]),
             ));
         }
+        let pci_device = self.pci_device.ok_or_else(|| missing("pci_device"))?;
+        let nvml = self
+            .nvml
+            .unwrap_or_default()
+            .resolve(pci_device, &driver_version, memory_mib)
+            .map_err(|(field, message)| err(&field, message))?;
         Ok(Profile {
             name,
             model,
             sockets,
-            pci_device: self.pci_device.ok_or_else(|| missing("pci_device"))?,
+            pci_device,
             subsystem_vendor: self.subsystem_vendor.unwrap_or(0x10de),
             subsystem_device: self
                 .subsystem_device
@@ -441,6 +456,7 @@ impl ProfileSpec {
             coherent_memory,
             numa_status,
             failed_gpus,
+            nvml,
         })
     }
 }

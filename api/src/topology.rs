@@ -290,6 +290,9 @@ fn gpu_uuid(profile: &Profile, node_name: &str, index: u32) -> String {
         numa_status,
         // Health is not identity: a GPU keeps its UUID when it fails.
         failed_gpus: _,
+        // NVML's data (clocks, power, …) describes the board's behaviour, not which board it is,
+        // and leaving it out keeps the UUIDs GPUs had before it existed.
+        nvml: _,
     } = profile;
     let bus_ids: Vec<String> = bus_ids.iter().map(BusId::to_string).collect();
     // Fields are NUL-separated; none can contain a NUL (validated text, numbers, lists).

@@ -15,7 +15,8 @@ pub struct EventSet {
     registered: Vec<(usize, u64)>,
 }
 
-/// The live sets, owned here; a handle is a set's address.
+/// The live sets, owned here; a handle is a set's address (boxed, so that it does not move).
+#[allow(clippy::vec_box)]
 static SETS: Lock<Vec<Box<EventSet>>> = Lock::new(Vec::new());
 
 fn with_set(set: *mut EventSet, f: impl FnOnce(&mut EventSet) -> Ret) -> Ret {

@@ -183,6 +183,7 @@ pub fn uuid_bytes(s: &[u8]) -> Option<[u8; 16]> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

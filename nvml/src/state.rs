@@ -69,6 +69,8 @@ pub struct Loaded {
     pub driver_version: Vec<u8>,
     /// `1000 * major + 10 * minor`.
     pub cuda_version: u32,
+    /// Boxed: a handle is a device's address, which must not move.
+    #[allow(clippy::vec_box)]
     pub devices: Vec<Box<Device>>,
 }
 

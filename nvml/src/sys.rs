@@ -2,9 +2,10 @@
 //! symbol version, and no `LD_PRELOAD` hook in the way), the environment, a lock and stderr.
 
 use alloc::vec::Vec;
+#[cfg(not(test))]
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
-use core::ffi::{c_char, c_int, c_long, c_void};
+use core::ffi::{c_char, c_int, c_long};
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicBool, Ordering};
 
@@ -16,18 +17,21 @@ unsafe extern "C" {
 }
 
 /// The global allocator: libc's `malloc` (16-byte aligned) and `posix_memalign` above that.
+#[cfg(not(test))]
 pub struct Malloc;
 
+#[cfg(not(test))]
 const MALLOC_ALIGN: usize = 16;
 
 // SAFETY: malloc, posix_memalign and free satisfy GlobalAlloc's contract.
+#[cfg(not(test))]
 unsafe impl GlobalAlloc for Malloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if layout.align() <= MALLOC_ALIGN {
             // SAFETY: plain malloc.
             return unsafe { libc::malloc(layout.size()) }.cast();
         }
-        let mut p: *mut c_void = core::ptr::null_mut();
+        let mut p: *mut core::ffi::c_void = core::ptr::null_mut();
         // SAFETY: the alignment is a power of two, a multiple of the pointer size.
         match unsafe { libc::posix_memalign(&mut p, layout.align(), layout.size()) } {
             0 => p.cast(),

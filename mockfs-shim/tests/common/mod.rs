@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+pub mod cargo;
+pub mod elf;
+
 /// The target triple these tests were built for (from build.rs): the library under test is built
 /// for it, so that an aarch64 test run tests an aarch64 `libmockfs.so`.
 pub const TARGET: &str = env!("MOCKFS_SHIM_TARGET");
@@ -23,27 +26,15 @@ pub fn shim() -> PathBuf {
     .clone()
 }
 
-/// `cargo build --target TARGET ARGS` into the tests' own target directory; returns that
-/// directory's folder for TARGET (which holds `release/` and `debug/`). `$CARGO` names the cargo
-/// to run (under emulation: one outside the emulated root).
+/// `cargo build --target TARGET ARGS` of the shim into the tests' own target directory (see
+/// [`cargo::build`]).
 pub fn cargo_build(args: &[&str]) -> PathBuf {
-    // <target>/[<triple>/]<profile>/deps/<test binary>
-    let exe = std::env::current_exe().unwrap();
-    let target = exe.ancestors().nth(3).unwrap().join("mockfs-shim-tests");
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .arg("build")
-        .args(["--target", TARGET])
-        .args(args)
-        .arg("--manifest-path")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target)
-        .status()
-        .unwrap();
-    assert!(
-        status.success(),
-        "cargo build --target {TARGET} {args:?} failed"
-    );
-    target.join(TARGET)
+    cargo::build(
+        TARGET,
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        "mockfs-shim-tests",
+        args,
+    )
 }
 
 /// The Python interpreter used for probes (the distribution's, not a wrapper script).
