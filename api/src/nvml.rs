@@ -191,7 +191,7 @@ pub struct NvmlSpec {
     pub inforom_ecc: Option<String>,
     /// InfoROM power object version.
     pub inforom_power: Option<String>,
-    /// Memory the driver reserves, MiB.
+    /// Memory the driver reserves, MiB (at most half of `memory_mib`).
     pub reserved_mib: Option<u64>,
     /// Power drawn when idle, W.
     pub power_idle_w: Option<u32>,
@@ -389,13 +389,9 @@ impl NvmlSpec {
             "900-2G000-0000-000",
             80,
         )?;
-        let reserved_mib = self.reserved_mib.unwrap_or(512);
-        if reserved_mib >= memory_mib {
-            return Err(err(
-                "reserved_mib",
-                format!("{reserved_mib} is not below memory_mib ({memory_mib})"),
-            ));
-        }
+        // At most half the memory, so that a `memory_mib` override below the base's reserve
+        // still gives a working board.
+        let reserved_mib = self.reserved_mib.unwrap_or(512).min(memory_mib / 2);
         let limit = self.power_limit_w.unwrap_or(300);
         let power_w = [
             self.power_idle_w.unwrap_or(limit / 5),

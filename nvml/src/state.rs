@@ -220,10 +220,15 @@ fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
     let uuid = field("GPU UUID")?.to_vec();
     let vbios = field("Video BIOS")?.to_ascii_uppercase();
 
-    let sys_dir = join(root, &[b"sys/bus/pci/devices", bus_text]);
+    let sys_path = join(root, &[b"sys/bus/pci/devices", bus_text]);
+    let sys_dir =
+        sys::Dir::open(&sys_path).ok_or_else(|| malformed(&sys_path, b"cannot be opened"))?;
     let attr = |attr: &'static str| {
-        let path = join(&sys_dir, &[attr.as_bytes()]);
-        required_file(&path).map(|text| (path, text))
+        let path = join(&sys_path, &[attr.as_bytes()]);
+        sys_dir
+            .read(attr.as_bytes())
+            .map(|text| (path.clone(), text))
+            .ok_or_else(|| malformed(&path, b"cannot be read"))
     };
     let id = |attr_name: &'static str| {
         let (path, text) = attr(attr_name)?;

@@ -124,12 +124,16 @@ fn c_path(path: &[u8]) -> Vec<u8> {
 }
 
 fn open(path: &[u8], flags: c_int) -> Option<c_int> {
+    open_at(libc::AT_FDCWD, path, flags)
+}
+
+fn open_at(dirfd: c_int, path: &[u8], flags: c_int) -> Option<c_int> {
     let p = c_path(path);
     // SAFETY: `p` is NUL-terminated.
     let r = unsafe {
         libc::syscall(
             libc::SYS_openat,
-            libc::AT_FDCWD,
+            dirfd,
             p.as_ptr(),
             flags | libc::O_CLOEXEC,
             0,
@@ -145,7 +149,31 @@ fn close(fd: c_int) {
 
 /// The content of the file at `path` (`None` when it cannot be opened or read).
 pub fn read_file(path: &[u8]) -> Option<Vec<u8>> {
-    let fd = open(path, libc::O_RDONLY)?;
+    read_fd(open(path, libc::O_RDONLY)?)
+}
+
+/// An open directory, whose files are read relative to it (one path walk for many files).
+pub struct Dir(c_int);
+
+impl Dir {
+    pub fn open(path: &[u8]) -> Option<Dir> {
+        open(path, libc::O_PATH | libc::O_DIRECTORY).map(Dir)
+    }
+
+    /// The content of the file `name` in this directory.
+    pub fn read(&self, name: &[u8]) -> Option<Vec<u8>> {
+        read_fd(open_at(self.0, name, libc::O_RDONLY)?)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        close(self.0);
+    }
+}
+
+/// Reads `fd` to its end and closes it.
+fn read_fd(fd: c_int) -> Option<Vec<u8>> {
     let mut out: Vec<u8> = Vec::new();
     let mut buf = [0u8; 4096];
     let ok = loop {

@@ -13,6 +13,16 @@ fn needs_nothing_newer_than_glibc_2_17() {
     assert_needs_nothing_newer_than_glibc_2_17(&std::fs::read(common::library_path()).unwrap());
 }
 
+/// A whole-workspace build turns libc's `std` feature on for this crate too (feature
+/// unification), and libc then leaves linking libc to `std`: the library must still link, with
+/// the same limits.
+#[test]
+fn links_with_libc_std_as_in_a_workspace_build() {
+    let target = common::cargo_build(&["-p", "mockgpu-nvml", "--features", "libc/std"]);
+    let elf = std::fs::read(target.join("debug/libnvidia_ml.so")).unwrap();
+    assert_needs_nothing_newer_than_glibc_2_17(&elf);
+}
+
 #[test]
 fn exports_exactly_the_header_functions() {
     let elf = std::fs::read(common::library_path()).unwrap();
@@ -34,4 +44,36 @@ fn its_soname_is_libnvidia_ml_so_1() {
     let elf = std::fs::read(common::library_path()).unwrap();
     let needle = b"\0libnvidia-ml.so.1\0";
     assert!(elf.windows(needle.len()).any(|w| w == needle));
+}
+
+/// Only libc functions are imported: a program without libgcc_s (a C program, Python) could not
+/// resolve anything else, and this test binary, which has it, would not notice.
+#[test]
+fn imports_only_libc() {
+    let elf = std::fs::read(common::library_path()).unwrap();
+    let allowed = [
+        "secure_getenv",
+        "syscall",
+        "__errno_location",
+        "abort",
+        "malloc",
+        "free",
+        "posix_memalign",
+        "strlen",
+        "memcpy",
+        "memmove",
+        "memset",
+        "memcmp",
+        "bcmp",
+        "__cxa_finalize",
+        "__gmon_start__",
+        "_ITM_deregisterTMCloneTable",
+        "_ITM_registerTMCloneTable",
+    ];
+    for (name, _) in dynamic_symbols(&elf, &sections(&elf))
+        .into_iter()
+        .filter(|(_, defined)| !defined)
+    {
+        assert!(allowed.contains(&name.as_str()), "unexpected import {name}");
+    }
 }

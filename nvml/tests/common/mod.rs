@@ -24,15 +24,19 @@ pub const TARGET: &str = env!("NVML_TARGET");
 pub fn library_path() -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
-        cargo::build(
-            TARGET,
-            Path::new(env!("CARGO_MANIFEST_DIR")),
-            "nvml-tests",
-            &["--release", "-p", "mockgpu-nvml"],
-        )
-        .join("release/libnvidia_ml.so")
+        cargo_build(&["--release", "-p", "mockgpu-nvml"]).join("release/libnvidia_ml.so")
     })
     .clone()
+}
+
+/// `cargo build --target TARGET ARGS` of the library into the tests' own target directory.
+pub fn cargo_build(args: &[&str]) -> PathBuf {
+    cargo::build(
+        TARGET,
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        "nvml-tests",
+        args,
+    )
 }
 
 /// The library, loaded once per test binary.
