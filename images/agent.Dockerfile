@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# mockgpu-agent (it carries libmockfs.so, which `serve` installs; the library is also in the
-# image as a file) for linux/amd64 and linux/arm64, built from the repository root:
+# mockgpu-agent (it carries libmockfs.so, libnvidia-ml.so.1 and nvidia-smi, which `serve`
+# installs; the shim is also in the image as a file) for linux/amd64 and linux/arm64, built from
+# the repository root:
 #   docker buildx build --platform linux/amd64,linux/arm64 -f images/agent.Dockerfile -t mockgpu-agent .
 # The build stage (images/cross-build.sh) runs on the build machine's own platform and
 # cross-compiles with the Rust toolchain that rust-toolchain.toml pins (the tests' own, installed

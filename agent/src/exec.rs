@@ -1,7 +1,8 @@
 //! `mockgpu-agent exec -- CMD…`: runs one command on this machine as if it had the profile's
 //! GPUs. The tree is served over FUSE in a private temporary mount (a private mount namespace
 //! as root, `fusermount3` otherwise, a rendered temporary directory when FUSE is unavailable)
-//! and the command runs with the shim preloaded.
+//! and the command runs with the shim preloaded, the mock NVML first on `LD_LIBRARY_PATH` and
+//! the mock's `nvidia-smi` first on `PATH`.
 
 use std::ffi::OsString;
 use std::io;
@@ -16,7 +17,7 @@ use nix::mount::MntFlags;
 use nix::sys::signal::{SigHandler, SigSet, Signal, signal};
 
 use crate::sys::{self, Linux, Sys};
-use crate::{output, shim, tree::Tree};
+use crate::{carried, output, tree::Tree};
 
 /// Why `exec` could not run the command.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +30,9 @@ pub enum ExecError {
         /// Why.
         source: io::Error,
     },
+    /// A carried file could not be installed.
+    #[error(transparent)]
+    Install(#[from] carried::InstallError),
     /// The fallback rendering failed.
     #[error(transparent)]
     Render(#[from] output::OutputError),
@@ -116,17 +120,19 @@ pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecErro
             }
         })?;
     let tmp = TempDir(tmp);
-    let prepare = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ExecError::Prepare { path, source }
+    spawn_reaper(&tmp.0).map_err(|source| ExecError::Prepare {
+        path: tmp.0.clone(),
+        source,
+    })?;
+    let dirs = Dirs {
+        lib: tmp.0.join("lib"),
+        bin: tmp.0.join("bin"),
+        root: tmp.0.join("fs"),
     };
-    spawn_reaper(&tmp.0).map_err(prepare(&tmp.0))?;
-    let root = tmp.0.join("fs");
-    let lib_dir = tmp.0.join("lib");
-    let lib = shim::install(&lib_dir).map_err(prepare(&lib_dir))?;
-    let (mounted, backing) = serve(&Linux, tree, &root)?;
-    tracing::debug!(root = %root.display(), ?backing, "mock root ready");
-    let code = spawn_and_wait(command, &lib, &root, &forwarded);
+    carried::install_all(&dirs.lib, &dirs.bin)?;
+    let (mounted, backing) = serve(&Linux, tree, &dirs.root)?;
+    tracing::debug!(root = %dirs.root.display(), ?backing, "mock root ready");
+    let code = spawn_and_wait(command, &dirs, &forwarded);
     if let Some(m) = mounted
         && let Err(e) = Linux.unmount_fuse(m)
     {
@@ -228,25 +234,51 @@ fn reap<S: Sys>(sys: &S, tmp: &Path) {
     remove_all(tmp);
 }
 
-fn spawn_and_wait(
-    command: &[OsString],
-    lib: &Path,
-    root: &Path,
-    forwarded: &SigSet,
-) -> Result<i32, ExecError> {
+/// Where the command finds the mock: the carried libraries and programs, and the tree.
+struct Dirs {
+    lib: PathBuf,
+    bin: PathBuf,
+    root: PathBuf,
+}
+
+/// The search path `first`, then `existing` if it is set and not empty.
+fn prepend(first: &Path, existing: Option<OsString>) -> OsString {
+    let mut value = first.as_os_str().to_owned();
+    if let Some(existing) = existing.filter(|v| !v.is_empty()) {
+        value.push(":");
+        value.push(existing);
+    }
+    value
+}
+
+fn spawn_and_wait(command: &[OsString], dirs: &Dirs, forwarded: &SigSet) -> Result<i32, ExecError> {
     let (program, args) = command.split_first().ok_or_else(|| ExecError::Spawn {
         command: OsString::new(),
         source: io::Error::new(io::ErrorKind::InvalidInput, "no command given"),
     })?;
-    let mut preload = lib.as_os_str().to_owned();
-    if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
-        preload.push(":");
-        preload.push(existing);
-    }
     let mut cmd = Command::new(program);
+    // (a PATH set here is also where `program` is looked for)
     cmd.args(args)
-        .env("LD_PRELOAD", preload)
-        .env("MOCKFS_ROOT", root)
+        .env(
+            "LD_PRELOAD",
+            prepend(
+                &dirs.lib.join(carried::SHIM.name),
+                std::env::var_os("LD_PRELOAD"),
+            ),
+        )
+        .env(
+            "LD_LIBRARY_PATH",
+            prepend(&dirs.lib, std::env::var_os("LD_LIBRARY_PATH")),
+        )
+        // without PATH, where the C library's execvp looks
+        .env(
+            "PATH",
+            prepend(
+                &dirs.bin,
+                Some(std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into())),
+            ),
+        )
+        .env("MOCKFS_ROOT", &dirs.root)
         .env("MOCKFS_DEV", "1");
     let agent = std::process::id();
     // SAFETY: only async-signal-safe calls between fork and exec.

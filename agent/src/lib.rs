@@ -3,6 +3,7 @@
 //!
 //! The public modules are those the binary, the integration tests and the benchmarks use.
 
+mod carried;
 pub mod device_plugin;
 pub mod doctor;
 pub mod exec;
@@ -18,7 +19,6 @@ pub mod real;
 pub mod render;
 pub mod report;
 pub mod serve;
-mod shim;
 pub mod sys;
 pub mod tree;
 mod wire;

@@ -1,5 +1,5 @@
 //! Setting the node up for `serve`: the agent's directory (a shared mount, or the keeper's), the
-//! mount point, the shim and `ld.so.preload`.
+//! mount point, the carried files (the shim, the mock NVML, `nvidia-smi`) and `ld.so.preload`.
 
 use std::fs;
 use std::io;
@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use mockgpu_api::Layout;
 
-use crate::{mounts, shim};
+use crate::{carried, mounts};
 
 /// Errors of setting the node up.
 #[derive(Debug, thiserror::Error)]
@@ -24,12 +24,15 @@ pub enum SetupError {
         /// Why.
         source: io::Error,
     },
+    /// A carried file could not be installed.
+    #[error(transparent)]
+    Carried(#[from] carried::InstallError),
     /// The keeper could not be reached or started.
     #[error(transparent)]
     Keeper(#[from] crate::keeper::KeeperError),
 }
 
-/// Readies the node for the tree's mount at `layout` and installs the shim. With `keeper` (root
+/// Readies the node for the tree's mount at `layout` and installs the carried files. With `keeper` (root
 /// only) through the keeper, whose connection it returns: the keeper makes the directory shared
 /// and mounts, and a live keeper's mount stays as it is. Otherwise for the agent's own mount: the
 /// directory made a shared mount (as root), a stale mount detached, the mount point created.
@@ -41,7 +44,7 @@ pub(crate) fn set_up(layout: &Layout, keeper: bool) -> Result<Option<OwnedFd>, S
     if relay.is_none() {
         prepare_mount_point(layout, root)?;
     }
-    install_shim(layout)?;
+    install(layout)?;
     Ok(relay)
 }
 
@@ -64,13 +67,9 @@ fn prepare_mount_point(layout: &Layout, root: bool) -> Result<(), SetupError> {
     })
 }
 
-/// Writes the shim and `ld.so.preload` (naming the shim where containers see it).
-fn install_shim(layout: &Layout) -> Result<(), SetupError> {
-    let lib_dir = layout.lib_dir();
-    shim::install(&lib_dir).map_err(|source| SetupError::Install {
-        path: lib_dir.join(shim::FILE_NAME),
-        source,
-    })?;
+/// Writes the carried files and `ld.so.preload` (naming the shim where containers see it).
+fn install(layout: &Layout) -> Result<(), SetupError> {
+    carried::install_all(&layout.lib_dir(), &layout.bin_dir())?;
     let preload = layout.ld_so_preload();
     fs::write(&preload, layout.ld_so_preload_content()).map_err(|source| SetupError::Install {
         path: preload,

@@ -13,6 +13,7 @@ mod nri_runtime;
 use std::ffi::OsStr;
 use std::fs;
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
@@ -155,11 +156,12 @@ impl Agent {
     }
 }
 
-const NAMES: [&str; 12] = [
+const NAMES: [&str; 13] = [
     "mode",
     "agent",
     "fuse",
     "shim",
+    "nvml",
     "propagation",
     "nri-socket",
     "nri-config",
@@ -323,6 +325,30 @@ fn doctor_names_exactly_what_is_broken() {
         fs::write(&shim, library).unwrap();
         expect(&node, health, &[], &[]);
 
+        // nvidia-smi removed, then the NVML replaced by something the loader refuses.
+        let smi = node.run.join("bin/nvidia-smi");
+        let program = fs::read(&smi).unwrap();
+        fs::remove_file(&smi).unwrap();
+        expect(
+            &node,
+            health,
+            &[("nvml", "cannot run", "restart the agent")],
+            &[],
+        );
+        fs::write(&smi, program).unwrap();
+        fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+        let nvml = node.run.join("lib/libnvidia-ml.so.1");
+        let library = fs::read(&nvml).unwrap();
+        fs::write(&nvml, "not a library\n").unwrap();
+        expect(
+            &node,
+            health,
+            &[("nvml", "libnvidia-ml.so.1 fails", "glibc 2.17 or later")],
+            &[],
+        );
+        fs::write(&nvml, library).unwrap();
+        expect(&node, health, &[], &[]);
+
         // The agent killed: its mount is left dead, its endpoint gone.
         agent.child.kill().unwrap();
         agent.child.wait().unwrap();
@@ -333,7 +359,7 @@ fn doctor_names_exactly_what_is_broken() {
                 ("agent", "no agent answers at", "start the agent"),
                 ("fuse", "is left by a dead agent", "restart the agent"),
             ],
-            &["nri-plugin"],
+            &["nri-plugin", "nvml"],
         );
     })
 }
@@ -363,6 +389,7 @@ fn a_real_gpu_node_is_reported_and_not_checked_as_a_mock() {
             ("agent", "fail"),
             ("fuse", "skip"),
             ("shim", "skip"),
+            ("nvml", "skip"),
             ("propagation", "skip"),
             ("nri-socket", "skip"),
             ("nri-config", "skip"),

@@ -182,6 +182,38 @@ print(len(gpus), len(errors))
 }
 
 #[test]
+fn nvidia_smi_lists_the_profiles_gpus() {
+    let out = ok(&[], &["nvidia-smi", "-L"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    for (i, line) in lines.iter().enumerate() {
+        assert!(
+            line.starts_with(&format!("GPU {i}: NVIDIA GB300 (UUID: GPU-")),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn a_program_dlopens_the_nvml_by_either_name() {
+    // As go-nvml and pynvml do (the SONAME), and Slurm (the name without version).
+    let script = r#"
+import ctypes, sys
+for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"]:
+    nvml = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    count = ctypes.c_uint(0)
+    assert nvml.nvmlInit_v2() == 0, name
+    assert nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0, name
+    assert nvml.nvmlShutdown() == 0, name
+    print(name, count.value)
+"#;
+    assert_eq!(
+        ok(&["--profile", "h100"], &["python3", "-c", script]),
+        "libnvidia-ml.so.1 8\nlibnvidia-ml.so 8\n"
+    );
+}
+
+#[test]
 fn lspci_lists_the_mock_gpus() {
     let dir = tempfile::tempdir().unwrap();
     let sysfs = cpus_only_sysfs(dir.path());

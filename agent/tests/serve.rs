@@ -157,10 +157,19 @@ fn serve_lifecycle() {
         });
         let metrics = http_get(agent.addr, "/metrics");
         assert!(metrics.contains("mockgpu_gpus 4"), "{metrics}");
-        assert_eq!(
-            &fs::read(run.join("lib/libmockfs.so")).unwrap()[..4],
-            b"\x7fELF"
-        );
+        // the carried files (the mock NVML also under the name without version)
+        for file in [
+            "lib/libmockfs.so",
+            "lib/libnvidia-ml.so.1",
+            "lib/libnvidia-ml.so",
+            "bin/nvidia-smi",
+        ] {
+            assert_eq!(
+                &fs::read(run.join(file)).unwrap()[..4],
+                b"\x7fELF",
+                "{file}"
+            );
+        }
         assert_eq!(
             fs::read_to_string(run.join("ld.so.preload")).unwrap(),
             "/run/mockgpu/lib/libmockfs.so\n"

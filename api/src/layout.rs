@@ -6,6 +6,8 @@
 //! ├── fs/                       the FUSE driver tree (the shim's mock root)
 //! │   └── prefixes              the GPUs' sysfs directories the shim also redirects
 //! ├── lib/libmockfs.so          the shim
+//! ├── lib/libnvidia-ml.so.1     the mock NVML (`libnvidia-ml.so` links to it)
+//! ├── bin/nvidia-smi            the mock's nvidia-smi
 //! ├── dev/                      device nodes the device plugin hands to the kubelet
 //! └── ld.so.preload             one line: the shim as containers see it
 //! /run/mockgpu-keeper/          beside it, never bound into containers (mode 0700)
@@ -21,6 +23,35 @@ pub const DEFAULT_DIR: &str = "/run/mockgpu";
 pub const SHIM_FILE: &str = "libmockfs.so";
 /// The file, relative to the mock root, listing the extra prefixes the shim redirects.
 pub const PREFIXES_FILE: &str = "prefixes";
+/// The mock NVML's file name (its SONAME).
+pub const NVML_FILE: &str = "libnvidia-ml.so.1";
+/// The name without version that some consumers `dlopen` (Slurm, before `gpu_nvml.so`).
+pub const NVML_LINK: &str = "libnvidia-ml.so";
+/// The mock's `nvidia-smi`.
+pub const SMI_FILE: &str = "nvidia-smi";
+/// Where containers get `nvidia-smi`, as the NVIDIA container toolkit puts it.
+pub const CONTAINER_SMI: &str = "/usr/bin/nvidia-smi";
+
+/// The directories of a container image in which the dynamic loader finds a library by name
+/// without `ldconfig` (its built-in search path), for a node of architecture `arch`
+/// (`std::env::consts::ARCH`: `x86_64` or `aarch64`): Debian's and Ubuntu's multiarch directory
+/// (`/usr/lib/x86_64-linux-gnu`), where the NVIDIA container toolkit puts the driver's
+/// libraries, and `/usr/lib64` of the RHEL family (Fedora, Rocky, UBI; SUSE too).
+pub fn container_lib_dirs(arch: &str) -> [PathBuf; 2] {
+    [
+        PathBuf::from(format!("/usr/lib/{arch}-linux-gnu")),
+        PathBuf::from("/usr/lib64"),
+    ]
+}
+
+/// A file of the host directory bound read-only into GPU containers at a path of their own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMount {
+    /// The file on the host.
+    pub source: PathBuf,
+    /// Where the container sees it.
+    pub destination: PathBuf,
+}
 
 /// A directory that cannot hold the layout.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -82,9 +113,44 @@ impl Layout {
         self.host.join("fs")
     }
 
-    /// The directory holding the shim (`/run/mockgpu/lib`).
+    /// The directory holding the shim and the mock NVML (`/run/mockgpu/lib`).
     pub fn lib_dir(&self) -> PathBuf {
         self.host.join("lib")
+    }
+
+    /// The directory holding the mock's programs (`/run/mockgpu/bin`).
+    pub fn bin_dir(&self) -> PathBuf {
+        self.host.join("bin")
+    }
+
+    /// The mock NVML on the host (`/run/mockgpu/lib/libnvidia-ml.so.1`).
+    pub fn nvml(&self) -> PathBuf {
+        self.lib_dir().join(NVML_FILE)
+    }
+
+    /// The mock's `nvidia-smi` on the host (`/run/mockgpu/bin/nvidia-smi`).
+    pub fn nvidia_smi(&self) -> PathBuf {
+        self.bin_dir().join(SMI_FILE)
+    }
+
+    /// The files bound into GPU containers of a node of architecture `arch` where NVIDIA's
+    /// container toolkit puts the driver's: the NVML under both its names in each of
+    /// [`container_lib_dirs`], and `nvidia-smi` at [`CONTAINER_SMI`].
+    pub fn tool_mounts(&self, arch: &str) -> Vec<FileMount> {
+        let nvml = self.nvml();
+        let mut mounts: Vec<FileMount> = container_lib_dirs(arch)
+            .iter()
+            .flat_map(|dir| [dir.join(NVML_FILE), dir.join(NVML_LINK)])
+            .map(|destination| FileMount {
+                source: nvml.clone(),
+                destination,
+            })
+            .collect();
+        mounts.push(FileMount {
+            source: self.nvidia_smi(),
+            destination: CONTAINER_SMI.into(),
+        });
+        mounts
     }
 
     /// The directory of the device nodes the device plugin allocates (`/run/mockgpu/dev`):
@@ -166,6 +232,42 @@ mod tests {
         assert_eq!(l.ld_so_preload(), Path::new("/run/mockgpu/ld.so.preload"));
         assert_eq!(l.ld_so_preload_content(), "/run/mockgpu/lib/libmockfs.so\n");
         assert!(l.container_root_is_default());
+        assert_eq!(l.nvml(), Path::new("/run/mockgpu/lib/libnvidia-ml.so.1"));
+        assert_eq!(l.nvidia_smi(), Path::new("/run/mockgpu/bin/nvidia-smi"));
+    }
+
+    #[test]
+    fn tools_go_where_the_container_toolkit_puts_them() {
+        let l = Layout::new("/var/lib/m", "/opt/m").unwrap();
+        let mounts = |arch| -> Vec<(String, String)> {
+            l.tool_mounts(arch)
+                .into_iter()
+                .map(|m| {
+                    (
+                        m.source.display().to_string(),
+                        m.destination.display().to_string(),
+                    )
+                })
+                .collect()
+        };
+        let lib = "/var/lib/m/lib/libnvidia-ml.so.1";
+        let expected = |multiarch: &str| -> Vec<(String, String)> {
+            [
+                format!("/usr/lib/{multiarch}/libnvidia-ml.so.1"),
+                format!("/usr/lib/{multiarch}/libnvidia-ml.so"),
+                "/usr/lib64/libnvidia-ml.so.1".into(),
+                "/usr/lib64/libnvidia-ml.so".into(),
+            ]
+            .into_iter()
+            .map(|d| (lib.to_owned(), d))
+            .chain([(
+                "/var/lib/m/bin/nvidia-smi".into(),
+                "/usr/bin/nvidia-smi".into(),
+            )])
+            .collect()
+        };
+        assert_eq!(mounts("x86_64"), expected("x86_64-linux-gnu"));
+        assert_eq!(mounts("aarch64"), expected("aarch64-linux-gnu"));
     }
 
     #[test]

@@ -295,6 +295,14 @@ pub fn adjustment(
             ),
         );
     }
+    // The mock NVML and nvidia-smi where the NVIDIA container toolkit puts the driver's: every
+    // glibc image's loader finds the library by name (docs/nri.md, "The NVML and nvidia-smi").
+    for tool in layout.tool_mounts(std::env::consts::ARCH) {
+        set_mount(
+            &mut adjust,
+            mount(&tool.source, &tool.destination, &["bind", "ro"]),
+        );
+    }
     let shim = layout.container_shim().display().to_string();
     let existing = env_value(&container.env, "LD_PRELOAD");
     set_env(&mut adjust, "LD_PRELOAD", &preload_value(existing, &shim));
@@ -595,7 +603,7 @@ mod tests {
             .collect();
         // each removed first: another plugin's same mount is overridden, not a conflict
         assert_eq!(
-            mounts,
+            mounts[..4],
             [
                 ("", "-/run/mockgpu", ""),
                 ("/run/mockgpu", "/run/mockgpu", "bind"),
@@ -605,6 +613,7 @@ mod tests {
         );
         assert_eq!(a.mounts[1].options, ["rbind", "rslave", "ro"]);
         assert_eq!(a.mounts[3].options, ["bind", "ro"]);
+        assert_eq!(tools(&a), expected_tools("/run/mockgpu"));
         let env: Vec<(&str, &str)> = a
             .env
             .iter()
@@ -640,6 +649,72 @@ mod tests {
         );
     }
 
+    /// The mounts after the driver tree's and `ld.so.preload`'s: (source, destination, options),
+    /// each checked to be preceded by its removal.
+    fn tools(a: &ContainerAdjustment) -> Vec<(String, String, String)> {
+        let start = a
+            .mounts
+            .iter()
+            .position(|m| m.destination.starts_with("-/usr/"))
+            .unwrap_or(a.mounts.len());
+        a.mounts[start..]
+            .chunks(2)
+            .map(|pair| {
+                assert_eq!(pair[0].destination, format!("-{}", pair[1].destination));
+                assert_eq!(pair[1].type_, "bind");
+                (
+                    pair[1].source.clone(),
+                    pair[1].destination.clone(),
+                    pair[1].options.join(","),
+                )
+            })
+            .collect()
+    }
+
+    /// The NVML under both names in Debian's multiarch directory of this architecture and in
+    /// `/usr/lib64`, and nvidia-smi, read-only, from the host directory `host`.
+    fn expected_tools(host: &str) -> Vec<(String, String, String)> {
+        let multiarch = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+        let lib = format!("{host}/lib/libnvidia-ml.so.1");
+        let mut expected: Vec<(String, String, String)> = [multiarch.as_str(), "/usr/lib64"]
+            .iter()
+            .flat_map(|dir| {
+                [
+                    format!("{dir}/libnvidia-ml.so.1"),
+                    format!("{dir}/libnvidia-ml.so"),
+                ]
+            })
+            .map(|d| (lib.clone(), d, "bind,ro".to_owned()))
+            .collect();
+        expected.push((
+            format!("{host}/bin/nvidia-smi"),
+            "/usr/bin/nvidia-smi".into(),
+            "bind,ro".into(),
+        ));
+        expected
+    }
+
+    #[test]
+    fn the_nvml_and_nvidia_smi_reach_gpu_containers_only() {
+        let inv = inventory();
+        let gpu = container("c", &[], &["/dev/nvidia2"], &[]);
+        let Decision::Inject { adjustment, .. } = decide(&pod(&[]), &gpu, &cfg(), &inv).unwrap()
+        else {
+            panic!("not injected")
+        };
+        assert_eq!(tools(&adjustment), expected_tools("/run/mockgpu"));
+        let plain = container("c", &["NVIDIA_VISIBLE_DEVICES=void"], &["/dev/null"], &[]);
+        assert_eq!(
+            decide(&pod(&[]), &plain, &cfg(), &inv).unwrap(),
+            Decision::Untouched
+        );
+        let skipped = pod(&[("mockgpu.io/skip", "true")]);
+        assert_eq!(
+            decide(&skipped, &gpu, &cfg(), &inv).unwrap(),
+            Decision::Untouched
+        );
+    }
+
     #[test]
     fn custom_destination_sets_mockfs_root_and_preload_file_is_optional() {
         let mut config = cfg();
@@ -647,9 +722,11 @@ mod tests {
         config.host_dir = "/var/lib/mock".into();
         config.ld_so_preload = false;
         let a = adjustment(&container("c", &[], &[], &[]), &config, &[], &numbers());
-        assert_eq!(a.mounts.len(), 2);
         assert_eq!(a.mounts[0].destination, "-/opt/mock");
         assert_eq!(a.mounts[1].source, "/var/lib/mock");
+        // no ld.so.preload; the tools come from the host directory
+        assert_eq!(tools(&a), expected_tools("/var/lib/mock"));
+        assert_eq!(a.mounts.len(), 2 + 2 * expected_tools("/x").len());
         assert!(
             a.env
                 .iter()

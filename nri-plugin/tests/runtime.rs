@@ -13,7 +13,7 @@ use std::{
 use common::*;
 use mockgpu_health::{Probe, Registry};
 use mockgpu_nri::{
-    Config, NotReady, PinningEvent, Plugin, PluginStatus,
+    Config, DriverTreeInventory, NotReady, PinningEvent, Plugin, PluginStatus,
     plugin::EVENT_MASK,
     proto::api::{ContainerAdjustment, ContainerState, CreateContainerResponse, Event},
 };
@@ -50,38 +50,68 @@ fn injected(reply: &CreateContainerResponse) -> &ContainerAdjustment {
     &reply.adjust
 }
 
-fn assert_mounts(adjust: &ContainerAdjustment) {
-    let m: Vec<_> = adjust
+/// The mounts of `adjust`: (source, destination, type, options).
+fn mounts_of(adjust: &ContainerAdjustment) -> Vec<(String, String, String, String)> {
+    adjust
         .mounts
         .iter()
         .map(|m| {
             (
-                m.source.as_str(),
-                m.destination.as_str(),
-                m.type_.as_str(),
+                m.source.clone(),
+                m.destination.clone(),
+                m.type_.clone(),
                 m.options.join(","),
             )
         })
-        .collect();
-    assert_eq!(
-        m,
-        [
-            ("", "-/run/mockgpu", "", String::new()),
-            (
-                "/run/mockgpu",
-                "/run/mockgpu",
-                "bind",
-                "rbind,rslave,ro".to_owned()
-            ),
-            ("", "-/etc/ld.so.preload", "", String::new()),
-            (
-                "/run/mockgpu/ld.so.preload",
-                "/etc/ld.so.preload",
-                "bind",
-                "bind,ro".to_owned()
-            ),
-        ]
-    );
+        .collect()
+}
+
+/// A bind mount of `source` at `destination` with `options`, after its removal.
+fn bind(source: &str, destination: &str, options: &str) -> [(String, String, String, String); 2] {
+    [
+        (
+            String::new(),
+            format!("-{destination}"),
+            String::new(),
+            String::new(),
+        ),
+        (
+            source.into(),
+            destination.into(),
+            "bind".into(),
+            options.into(),
+        ),
+    ]
+}
+
+/// The tree, `ld.so.preload`, the mock NVML where the loader of Debian, Ubuntu (the multiarch
+/// directory) and RHEL-family images (`/usr/lib64`) finds it by either name, and nvidia-smi.
+fn assert_mounts(adjust: &ContainerAdjustment) {
+    let nvml = "/run/mockgpu/lib/libnvidia-ml.so.1";
+    let multiarch = format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH);
+    let lib_dirs = [multiarch.as_str(), "/usr/lib64"];
+    let libs = lib_dirs.iter().flat_map(|dir| {
+        ["libnvidia-ml.so.1", "libnvidia-ml.so"]
+            .map(|name| bind(nvml, &format!("{dir}/{name}"), "bind,ro"))
+    });
+    let expected: Vec<_> = [
+        bind("/run/mockgpu", "/run/mockgpu", "rbind,rslave,ro"),
+        bind(
+            "/run/mockgpu/ld.so.preload",
+            "/etc/ld.so.preload",
+            "bind,ro",
+        ),
+    ]
+    .into_iter()
+    .chain(libs)
+    .chain([bind(
+        "/run/mockgpu/bin/nvidia-smi",
+        "/usr/bin/nvidia-smi",
+        "bind,ro",
+    )])
+    .flatten()
+    .collect();
+    assert_eq!(mounts_of(adjust), expected);
 }
 
 async fn next_event(rx: &mut mpsc::UnboundedReceiver<PinningEvent>) -> PinningEvent {
@@ -455,6 +485,30 @@ async fn not_ready_fails_closed_by_default_and_open_by_configuration() {
         metrics.contains("mockgpu_nri_errors_total{outcome=\"fail_open\"} 1\n"),
         "{metrics}"
     );
+    conn.close().await;
+}
+
+#[tokio::test]
+async fn a_real_driver_gets_a_gpu_container_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // A served mock tree, and a real driver listing GPUs in this host's procfs.
+    write_tree(&dir.path().join("mock"), 2);
+    write_tree(&dir.path().join("real"), 2);
+    let inventory =
+        DriverTreeInventory::new(dir.path().join("mock/fs"), dir.path().join("real/fs/proc"));
+    let p = pod("p", &[]);
+    let gpu = container(&p, "slurmd", &[], &["/dev/nvidia0"], &[]);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let plugin =
+        Arc::new(Plugin::new(trusted_config(), Arc::new(inventory), Arc::new(tx)).unwrap());
+    let (conn, _task) = connect_in_process(plugin, &Handshake::default()).await;
+    let conn = conn.unwrap();
+    // no mount (the tree, the NVML, nvidia-smi), no variable, no device
+    assert_eq!(
+        conn.create(&p, &gpu).await.unwrap(),
+        CreateContainerResponse::new()
+    );
+    assert!(rx.try_recv().is_err());
     conn.close().await;
 }
 

@@ -20,7 +20,7 @@ use serde::Serialize;
 use crate::report::Credentials;
 
 pub(crate) use node::PRELOAD_PROGRAM;
-pub use node::{ClusterView, HttpReply, Live, Node, Preloaded, RealDriver};
+pub use node::{ClusterView, HttpReply, Live, Node, Ran, RealDriver};
 
 use crate::mounts::{PROBE, unescape};
 use nri::Containerd;
@@ -171,11 +171,14 @@ pub fn run<N: Node>(node: &N, opts: &Options) -> Vec<Check> {
             .as_ref()
             .map(|c| node.cluster(c, &opts.node_name)),
     };
+    let fuse = fuse(node, opts, &facts);
+    let tree_answers = fuse.status == Status::Ok;
     vec![
         mode(&real, opts),
         agent(node, opts),
-        fuse(node, opts, &facts),
+        fuse,
         shim(node, opts, &facts),
+        nvml(node, opts, &facts, tree_answers),
         propagation(node, opts, &facts),
         nri::socket(&facts),
         nri::config(opts, &facts),
@@ -446,6 +449,83 @@ fn shim<N: Node>(node: &N, opts: &Options, facts: &Facts) -> Check {
         ),
         "the shim needs glibc 2.17 or later and the agent's architecture: install the agent \
          image built for this node",
+    )
+}
+
+/// Runs the installed `nvidia-smi -L` through the installed NVML against the served tree (when
+/// `tree_answers`: the `fuse` check passed) and compares the GPUs it lists with the tree's.
+fn nvml<N: Node>(node: &N, opts: &Options, facts: &Facts, tree_answers: bool) -> Check {
+    const NAME: &str = "nvml";
+    if !facts.mock {
+        return Check::skip(NAME, REAL_NODE);
+    }
+    let layout = &opts.layout;
+    let gpus_dir = layout.mount_point().join("proc/driver/nvidia/gpus");
+    if !tree_answers {
+        return Check::skip(NAME, "the served tree does not answer (see fuse)");
+    }
+    let served = match node.list(&gpus_dir) {
+        Ok(names) => names.len(),
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("cannot list {}: {e}", gpus_dir.display()),
+                "restart the agent: it mounts the driver tree afresh",
+            );
+        }
+    };
+    let (smi, lib) = (layout.nvidia_smi(), layout.nvml());
+    let reinstall = "restart the agent: it installs the NVML and nvidia-smi at start";
+    let run = match node.nvidia_smi(&smi, &layout.lib_dir(), &layout.mount_point()) {
+        Ok(run) => run,
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("cannot run {} -L: {e}", smi.display()),
+                reinstall,
+            );
+        }
+    };
+    if !run.success {
+        let said = run
+            .stderr
+            .lines()
+            .chain(run.stdout.lines())
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output");
+        return Check::fail(
+            NAME,
+            format!(
+                "{} -L with {} fails: {}",
+                smi.display(),
+                lib.display(),
+                said.trim()
+            ),
+            format!(
+                "{reinstall}; the NVML and nvidia-smi need glibc 2.17 or later and the agent's \
+                 architecture: install the agent image built for this node"
+            ),
+        );
+    }
+    let listed = run.stdout.lines().filter(|l| l.starts_with("GPU ")).count();
+    if listed != served {
+        return Check::fail(
+            NAME,
+            format!(
+                "{} -L lists {listed} GPUs through {}, the served tree {served}",
+                smi.display(),
+                lib.display()
+            ),
+            reinstall,
+        );
+    }
+    Check::ok(
+        NAME,
+        format!(
+            "{} -L lists the {served} GPUs of the served tree through {}",
+            smi.display(),
+            lib.display()
+        ),
     )
 }
 

@@ -6,7 +6,7 @@ use std::fs;
 use std::io::{self, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::FileTypeExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -45,11 +45,13 @@ pub enum RealDriver {
     UnderShim,
 }
 
-/// A program run with the shim in `LD_PRELOAD`.
+/// How a program the doctor ran ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Preloaded {
+pub struct Ran {
     /// Whether it exited with status 0.
     pub success: bool,
+    /// What it wrote to stdout.
+    pub stdout: String,
     /// What it wrote to stderr (the dynamic loader's complaints, the shim's notes).
     pub stderr: String,
 }
@@ -75,7 +77,12 @@ pub trait Node {
     fn is_socket(&self, path: &Path) -> io::Result<bool>;
     /// Runs [`PRELOAD_PROGRAM`] with `shim` in `LD_PRELOAD`, the shim's root at `root` and its
     /// notes on (`MOCKFS_DEBUG=1`).
-    fn preload(&self, shim: &Path, root: &Path) -> io::Result<Preloaded>;
+    fn preload(&self, shim: &Path, root: &Path) -> io::Result<Ran>;
+    /// Runs `nvidia_smi -L` with `lib_dir` (the mock NVML's) first on `LD_LIBRARY_PATH` and the
+    /// mock root at `root`.
+    fn nvidia_smi(&self, nvidia_smi: &Path, lib_dir: &Path, root: &Path) -> io::Result<Ran>;
+    /// The names in the directory `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// The version of the C library this program runs with (`None` when it is not glibc).
     fn glibc(&self) -> Option<String>;
     /// `GET path` from `addr`.
@@ -144,19 +151,30 @@ impl Node for Live {
         std::fs::metadata(path).map(|m| m.file_type().is_socket())
     }
 
-    fn preload(&self, shim: &Path, root: &Path) -> io::Result<Preloaded> {
+    fn preload(&self, shim: &Path, root: &Path) -> io::Result<Ran> {
         let mut command = Command::new(PRELOAD_PROGRAM);
         command
             .env("LD_PRELOAD", shim)
             .env("MOCKFS_ROOT", root)
-            .env("MOCKFS_DEBUG", "1")
-            .stdin(std::process::Stdio::null());
-        bounded(Path::new(PRELOAD_PROGRAM), move || {
-            let out = command.output()?;
-            Ok(Preloaded {
-                success: out.status.success(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            })
+            .env("MOCKFS_DEBUG", "1");
+        ran(command)
+    }
+
+    fn nvidia_smi(&self, nvidia_smi: &Path, lib_dir: &Path, root: &Path) -> io::Result<Ran> {
+        let mut command = Command::new(nvidia_smi);
+        command
+            .arg("-L")
+            .env("LD_LIBRARY_PATH", lib_dir)
+            .env("MOCKFS_ROOT", root);
+        ran(command)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let owned = dir.to_path_buf();
+        bounded(dir, move || {
+            fs::read_dir(&owned)?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect()
         })
     }
 
@@ -230,6 +248,20 @@ impl Node for Live {
             }
         })
     }
+}
+
+/// Runs `command` (bounded by [`TIMEOUT`]) with nothing on its standard input.
+fn ran(mut command: Command) -> io::Result<Ran> {
+    command.stdin(std::process::Stdio::null());
+    let program = PathBuf::from(command.get_program());
+    bounded(&program, move || {
+        let out = command.output()?;
+        Ok(Ran {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    })
 }
 
 /// Splits an HTTP/1.1 response into its status code and body.

@@ -24,7 +24,11 @@ struct FakeNode {
     lookups: BTreeMap<PathBuf, Option<i32>>,
     files: BTreeMap<PathBuf, Vec<u8>>,
     sockets: Vec<PathBuf>,
-    preload: Preloaded,
+    preload: Ran,
+    /// What `nvidia-smi -L` does.
+    smi: Ran,
+    /// The names in each listed directory.
+    dirs: BTreeMap<PathBuf, Vec<String>>,
     http: BTreeMap<&'static str, HttpReply>,
     real: RealDriver,
     cluster: Result<ClusterView, String>,
@@ -64,8 +68,28 @@ impl Node for FakeNode {
         }
     }
 
-    fn preload(&self, _shim: &Path, _root: &Path) -> io::Result<Preloaded> {
+    fn preload(&self, _shim: &Path, _root: &Path) -> io::Result<Ran> {
         Ok(self.preload.clone())
+    }
+
+    fn nvidia_smi(&self, nvidia_smi: &Path, lib_dir: &Path, root: &Path) -> io::Result<Ran> {
+        assert_eq!(
+            (nvidia_smi, lib_dir, root),
+            (
+                Path::new("/run/mockgpu/bin/nvidia-smi"),
+                Path::new("/run/mockgpu/lib"),
+                Path::new("/run/mockgpu/fs")
+            )
+        );
+        self.lookup(nvidia_smi)?;
+        Ok(self.smi.clone())
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.dirs
+            .get(dir)
+            .cloned()
+            .ok_or_else(|| errno(libc::ENOENT))
     }
 
     fn glibc(&self) -> Option<String> {
@@ -148,6 +172,9 @@ fn view(allocatable: Option<&str>, gpunode: Option<GpuNode>) -> ClusterView {
     }
 }
 
+const SMI: &str = "/run/mockgpu/bin/nvidia-smi";
+const GPUS_DIR: &str = "/run/mockgpu/fs/proc/driver/nvidia/gpus";
+
 const MOUNTINFO: &str = "22 1 0:21 / / rw - ext4 /dev/root rw\n\
     30 22 0:30 /run/mockgpu /run/mockgpu rw shared:7 - tmpfs tmpfs rw\n\
     31 30 0:31 / /run/mockgpu/fs ro shared:8 - fuse.mockgpu mockgpu ro\n";
@@ -160,7 +187,11 @@ fn healthy() -> FakeNode {
     };
     FakeNode {
         mountinfo: MOUNTINFO.into(),
-        lookups: [(PathBuf::from("/run/mockgpu/lib/libmockfs.so"), None)].into(),
+        lookups: [
+            (PathBuf::from("/run/mockgpu/lib/libmockfs.so"), None),
+            (PathBuf::from(SMI), None),
+        ]
+        .into(),
         files: [
             file(
                 "/run/mockgpu/fs/proc/driver/nvidia/version",
@@ -179,10 +210,23 @@ fn healthy() -> FakeNode {
             KUBELET_SOCKET.into(),
             DP_SOCKET.into(),
         ],
-        preload: Preloaded {
+        preload: Ran {
             success: true,
+            stdout: String::new(),
             stderr: "mockfs: mock root /run/mockgpu/fs\nmockfs: prefix /proc/driver/nvidia\n".into(),
         },
+        smi: Ran {
+            success: true,
+            stdout: (0..4)
+                .map(|i| format!("GPU {i}: NVIDIA GB300 (UUID: GPU-{i}0000000-0000-0000-0000-000000000000)\n"))
+                .collect(),
+            stderr: String::new(),
+        },
+        dirs: [(
+            PathBuf::from(GPUS_DIR),
+            (0..4).map(|i| format!("0000:0{i}:00.0")).collect(),
+        )]
+        .into(),
         http: [
             ("/healthz", reply("ok\n")),
             ("/metrics", reply(&format!("{METRICS}{DP_METRICS}"))),
@@ -205,12 +249,13 @@ fn check(node: &FakeNode, name: &str, status: Status, fragment: &str) -> Check {
 }
 
 /// Asserts that `name` fails, with `message` and `fix` fragments, and that every other check
-/// keeps the healthy node's outcome.
+/// keeps the healthy node's outcome, or is skipped for it ("(see NAME)").
 fn only_fails(node: &FakeNode, name: &str, message: &str, fix: &str) -> Check {
     let checks = run(node, &opts());
     let healthy = run(&healthy(), &opts());
+    let deferred = format!("(see {name})");
     for (c, h) in checks.iter().zip(&healthy) {
-        if c.name != name {
+        if c.name != name && !(c.status == Status::Skip && c.message.contains(&deferred)) {
             assert_eq!(c.status, h.status, "{c}");
         }
     }
@@ -224,7 +269,7 @@ fn only_fails(node: &FakeNode, name: &str, message: &str, fix: &str) -> Check {
 #[test]
 fn a_healthy_node_passes_every_check() {
     let checks = run(&healthy(), &opts());
-    assert_eq!(checks.len(), 12);
+    assert_eq!(checks.len(), 13);
     for c in &checks {
         assert_eq!(c.status, Status::Ok, "{c}");
         assert_eq!(c.fix, None);
@@ -241,6 +286,11 @@ fn a_healthy_node_passes_every_check() {
     );
     assert_eq!(
         checks[4].message,
+        "/run/mockgpu/bin/nvidia-smi -L lists the 4 GPUs of the served tree through \
+         /run/mockgpu/lib/libnvidia-ml.so.1"
+    );
+    assert_eq!(
+        checks[5].message,
         "/run/mockgpu is a shared mount (peer group 7): mounts inside it reach containers"
     );
 }
@@ -313,7 +363,8 @@ fn fuse_fails_unmounted_or_foreign_or_unreadable() {
 #[test]
 fn a_missing_shim_or_preload_file_fails() {
     let mut node = healthy();
-    node.lookups.clear();
+    node.lookups
+        .remove(Path::new("/run/mockgpu/lib/libmockfs.so"));
     only_fails(
         &node,
         "shim",
@@ -336,8 +387,9 @@ fn a_missing_shim_or_preload_file_fails() {
 #[test]
 fn a_shim_the_loader_refuses_fails_with_its_words() {
     let mut node = healthy();
-    node.preload = Preloaded {
+    node.preload = Ran {
         success: false,
+        stdout: String::new(),
         stderr: "/bin/true: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.99' not found (required by /run/mockgpu/lib/libmockfs.so)\n".into(),
     };
     only_fails(
@@ -347,8 +399,9 @@ fn a_shim_the_loader_refuses_fails_with_its_words() {
         "glibc 2.17 or later",
     );
     // ld.so ignores an unloadable preload and runs the program anyway.
-    node.preload = Preloaded {
+    node.preload = Ran {
         success: true,
+        stdout: String::new(),
         stderr: "ERROR: ld.so: object '/run/mockgpu/lib/libmockfs.so' from LD_PRELOAD cannot be preloaded (invalid ELF header): ignored.\n".into(),
     };
     only_fails(
@@ -364,6 +417,70 @@ fn a_shim_the_loader_refuses_fails_with_its_words() {
         "the shim left no sign of being loaded",
         "glibc",
     );
+}
+
+#[test]
+fn nvidia_smi_must_list_the_served_gpus_through_the_nvml() {
+    let mut node = healthy();
+    node.lookups.remove(Path::new(SMI));
+    only_fails(
+        &node,
+        "nvml",
+        "cannot run /run/mockgpu/bin/nvidia-smi -L",
+        "restart the agent: it installs the NVML and nvidia-smi",
+    );
+    // what nvidia-smi says when the loader does not find the library
+    let mut node = healthy();
+    node.smi = Ran {
+        success: false,
+        stdout: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
+            .into(),
+        stderr: String::new(),
+    };
+    only_fails(
+        &node,
+        "nvml",
+        "-L with /run/mockgpu/lib/libnvidia-ml.so.1 fails: NVIDIA-SMI has failed",
+        "glibc 2.17 or later",
+    );
+    node.smi.stderr = "nvidia-smi: version `GLIBC_2.99' not found\n".into();
+    only_fails(
+        &node,
+        "nvml",
+        "fails: nvidia-smi: version `GLIBC_2.99'",
+        "architecture",
+    );
+    // a library that disagrees with the tree
+    let mut node = healthy();
+    node.smi.stdout = node
+        .smi
+        .stdout
+        .lines()
+        .take(2)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    only_fails(
+        &node,
+        "nvml",
+        "lists 2 GPUs through /run/mockgpu/lib/libnvidia-ml.so.1, the served tree 4",
+        "restart the agent",
+    );
+    let mut node = healthy();
+    node.dirs.clear();
+    only_fails(
+        &node,
+        "nvml",
+        "cannot list /run/mockgpu/fs/proc/driver/nvidia/gpus",
+        "restart the agent",
+    );
+    // no tree to compare with: the fuse check says why
+    let mut node = healthy();
+    node.files
+        .remove(Path::new("/run/mockgpu/fs/proc/driver/nvidia/version"));
+    check(&node, "nvml", Status::Skip, "(see fuse)");
+    let mut node = healthy();
+    node.real = RealDriver::Gpus(vec!["NVIDIA H100".into()]);
+    check(&node, "nvml", Status::Skip, REAL_NODE);
 }
 
 #[test]
@@ -652,6 +769,7 @@ fn a_real_gpu_node_skips_what_concerns_the_mock() {
             ("agent", Status::Ok),
             ("fuse", Status::Skip),
             ("shim", Status::Skip),
+            ("nvml", Status::Skip),
             ("propagation", Status::Skip),
             ("nri-socket", Status::Skip),
             ("nri-config", Status::Skip),
@@ -955,11 +1073,11 @@ fn the_cluster_checks_skip_without_an_api_server_and_fail_when_it_cannot_be_read
         [("allocatable", Status::Skip), ("gpunode", Status::Skip)]
     );
     assert!(
-        checks[10]
+        checks[11]
             .message
             .starts_with("no Kubernetes API server configured"),
         "{}",
-        checks[10]
+        checks[11]
     );
     let mut node = healthy();
     node.cluster = Err("cannot get node node-0: connection refused".into());
