@@ -88,8 +88,14 @@ fn query_gpu_values_equal_the_profiles() {
         assert_eq!(row[6], p.vbios);
         assert_eq!(row[7], driver.len().to_string());
     }
-    let header = run_ok(&tree, &["--query-gpu=memory.total,power.draw", "--format=csv"]);
-    assert_eq!(header.lines().next(), Some("memory.total [MiB], power.draw [W]"));
+    let header = run_ok(
+        &tree,
+        &["--query-gpu=memory.total,power.draw", "--format=csv"],
+    );
+    assert_eq!(
+        header.lines().next(),
+        Some("memory.total [MiB], power.draw [W]")
+    );
 }
 
 #[test]
@@ -99,7 +105,11 @@ fn one_gpu_by_index_uuid_or_bus_id() {
     let bus = format!("0000{}", g.bus_id.to_string().to_ascii_uppercase());
     for id in ["2", g.uuid.as_str(), bus.as_str()] {
         let out = run_ok(&tree, &["-L", "-i", id]);
-        assert_eq!(out, format!("GPU 2: NVIDIA GB300 (UUID: {})\n", g.uuid), "-i {id}");
+        assert_eq!(
+            out,
+            format!("GPU 2: NVIDIA GB300 (UUID: {})\n", g.uuid),
+            "-i {id}"
+        );
     }
     let q = run_ok(&tree, &["-q", "-i", "2", "-d", "MEMORY"]);
     assert!(q.contains(&format!("\nGPU {bus}\n")), "{q}");
@@ -116,18 +126,37 @@ fn summary_query_and_topology_show_every_gpu() {
     let p = &tree.topo.profile;
     let table = run_ok(&tree, &[]);
     assert!(
-        table.contains(&format!("Driver Version: {:<15}", p.driver_version.to_string())),
+        table.contains(&format!(
+            "Driver Version: {:<15}",
+            p.driver_version.to_string()
+        )),
         "{table}"
     );
     assert_eq!(table.matches("NVIDIA GB300").count(), 4, "{table}");
-    assert!(table.contains(&format!("/ {}MiB |", p.memory_mib)), "{table}");
+    assert!(
+        table.contains(&format!("/ {}MiB |", p.memory_mib)),
+        "{table}"
+    );
     assert!(table.contains("|  No running processes found"), "{table}");
 
     let q = run_ok(&tree, &["-q"]);
-    assert!(q.starts_with("\n==============NVSMI LOG==============\n"), "{q}");
-    assert!(q.contains(&format!("Attached GPUs{}: 4\n", " ".repeat(42))), "{q}");
+    assert!(
+        q.starts_with("\n==============NVSMI LOG==============\n"),
+        "{q}"
+    );
+    assert!(
+        q.contains(&format!("Attached GPUs{}: 4\n", " ".repeat(42))),
+        "{q}"
+    );
     assert_eq!(q.matches("    Product Name").count(), 4);
-    assert!(q.contains(&format!("        Total{}: {} MiB\n", " ".repeat(42), p.memory_mib)), "{q}");
+    assert!(
+        q.contains(&format!(
+            "        Total{}: {} MiB\n",
+            " ".repeat(42),
+            p.memory_mib
+        )),
+        "{q}"
+    );
 
     let topo = run_ok(&tree, &["topo", "-m"]);
     let lines: Vec<&str> = topo.lines().collect();
