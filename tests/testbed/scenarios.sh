@@ -312,6 +312,24 @@ scenario_exec_slurmd() {  # `mockgpu-agent exec` runs slurmd on the node itself,
     grep -q "Type=nvidia_gb300 .* File=/dev/nvidia$m Cores=$cores " <<< "$g" || fail "slurmd -G: no nvidia_gb300 with File=/dev/nvidia$m Cores=$cores"
   done < <(gpus_by_minor)
   [ "$n" = 4 ] || fail "the agent serves $n GPUs, want 4"
+  # AutoDetect=nvml: Slurm's own NVML plugin (slurm-wlm-nvml-plugin) loads the mock
+  # libnvidia-ml.so.1 that exec provides, and must register the same GPUs, types, files and cores,
+  # and, GB300 having NVLink, a Links= list with -1 at the GPU's own index
+  local d=$R/etc/slurm-nvml gn line want links
+  rm -rf "$d"; cp -a "$R/etc/slurm" "$d"; echo 'AutoDetect=nvml' > "$d/gres.conf"
+  gn=$(innode env SLURM_CONF=/etc/slurm-nvml/slurm.conf "$agent" exec --node-name "$NODE" -- slurmd -G -N "$NODE" 2>&1 | grep 'Gres Name=gpu') \
+    || { rm -rf "$d"; fail "exec -- slurmd -G with AutoDetect=nvml lists no GPU"; }
+  rm -rf "$d"
+  echo "$gn" | sed 's/^.*Gres /  slurmd -G (nvml): /'
+  [ "$(grep -c . <<< "$gn")" = 4 ] || fail "slurmd -G (AutoDetect=nvml) lists $(grep -c . <<< "$gn") GPUs, want 4"
+  for m in 0 1 2 3; do
+    want=$(grep -o "Type=[^ ]* .*File=/dev/nvidia$m Cores=[^ ]*" <<< "$g" | sed -E 's/ (Count|Index|ID)=[^ ]*//g')
+    line=$(grep "File=/dev/nvidia$m " <<< "$gn") || fail "AutoDetect=nvml: no GPU with File=/dev/nvidia$m"
+    [ "$(grep -o "Type=[^ ]* .*File=/dev/nvidia$m Cores=[^ ]*" <<< "$line" | sed -E 's/ (Count|Index|ID)=[^ ]*//g')" = "$want" ] \
+      || fail "AutoDetect=nvml and AutoDetect=nvidia differ for /dev/nvidia$m: '$line' against '$want'"
+    links=$(grep -o 'Links=[^ ]*' <<< "$line" | cut -d= -f2)
+    [ "$(cut -d, -f$((m + 1)) <<< "$links")" = -1 ] || fail "AutoDetect=nvml: /dev/nvidia$m has Links=$links, want -1 at index $m"
+  done
 }
 
 scenario_only_gpu() {
