@@ -140,10 +140,10 @@ phase_roots() {
 # build: in the build root, inside a private mount namespace (its mounts vanish with it)
 
 # The packages whose tests run here: those whose behaviour depends on the architecture (system
-# calls and their structures, the FUSE protocol, ELF and symbol versions, the device numbers and
-# paths an architecture gets). The controller's, the health endpoint's and the test bed client's
+# calls and their structures, the FUSE protocol, ELF and symbol versions, the NVML ABI, the device
+# numbers and paths an architecture gets). The controller's, the health endpoint's and the test bed client's
 # tests are plain Rust over the network and run on x86_64 only (docs/testing.md).
-ARCH_TEST_PKGS="-p mockfs-shim -p mockgpu-agent -p mockgpu-api -p mockgpu-nri"
+ARCH_TEST_PKGS="-p mockfs-shim -p mockgpu-agent -p mockgpu-api -p mockgpu-nri -p mockgpu-nvml"
 HOST_CARGO_HOME=${CARGO_HOME:-$HOME/.cargo}   # its registry cache is shared (cargo locks it)
 # the aarch64 target directory: a cache beside the roots (a fresh clone rebuilds only its own
 # crates), seen at the same path in both roots
