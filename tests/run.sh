@@ -18,7 +18,10 @@ fi
 free_gib() { df -BG --output=avail "$1" | tail -1 | tr -dc 0-9; }
 T_RUN=$(date +%s); T_STEP=$T_RUN; STEP_NAME=; TIMES=()
 step_done() {
-  [ -z "$STEP_NAME" ] || TIMES+=("$(printf '%5d s  %s' $(( $(date +%s) - T_STEP )) "$STEP_NAME")")
+  [ -n "$STEP_NAME" ] || return 0
+  local took=$(( $(date +%s) - T_STEP ))
+  TIMES+=("$(printf '%5d s  %s' "$took" "$STEP_NAME")")
+  echo "--- $took s: $STEP_NAME"
 }
 step() {
   step_done; STEP_NAME=$*; T_STEP=$(date +%s)
