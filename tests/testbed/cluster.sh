@@ -1251,7 +1251,7 @@ scenario_gpunode_recreated() {  # deleted, it comes back on the next heartbeat
   kc delete gpunode "$NODE" > /dev/null; t=$(date +%s%N)
   wait_for 15 "a new GpuNode $NODE" gn_uid_not "$u0" || fail "GpuNode $NODE not recreated within 15 s"
   timing gpunode-recreated "$(ms "$t") ms"
-  log_since "$LOGS/agent.log" "$na" 'GpuNode recreated' || fail "the agent did not log the recreation"
+  wait_for 10 "the agent's log of the recreation" log_since "$LOGS/agent.log" "$na" 'GpuNode recreated' || fail "the agent did not log the recreation"
   echo "  uid $u0 -> $(gn '{.metadata.uid}'), Ready $(gn '{.status.conditions[?(@.type=="Ready")].status}')"
 }
 
@@ -1287,7 +1287,9 @@ status:
 EOF
   l0=$(wc -l < "$LOGS/agent.log")
   stop_kinds TERM agent
-  log_since "$LOGS/agent.log" "$l0" 'another agent reports the GpuNode now' || fail "the stopping agent did not see the successor: $(tail -n +"$l0" "$LOGS/agent.log" | tail -5)"
+  # (the log may trail the process that stop_kinds waited for by a few milliseconds)
+  wait_for 10 "the stopping agent's log of its successor" log_since "$LOGS/agent.log" "$l0" 'another agent reports the GpuNode now' \
+    || fail "the stopping agent did not see the successor: $(tail -n +"$l0" "$LOGS/agent.log" | tail -5)"
   [ "$(gn '{.status.agentInstance}')" = mgtb-successor ] && gn_ready_is "True Successor" \
     || fail "the stopping agent overwrote its successor's report: $(gn '{.status}')"
   # the stopping agent applies at the resourceVersion it read: the API server refuses a stale one
