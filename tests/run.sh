@@ -66,6 +66,7 @@ trap 'kill -- -"$PREFETCH" 2> /dev/null || true' EXIT
 prefetch_wait() {
   local rc=0 t; t=$(date +%s)
   wait "$PREFETCH" || rc=$?
+  trap - EXIT   # its process group is gone; its number may be reused
   echo "tests/run.sh: roots and Kubernetes binaries (background, log $PREFETCH_LOG): exit $rc, waited $(( $(date +%s) - t )) s"
   [ $rc = 0 ] || tail -30 "$PREFETCH_LOG"
 }
