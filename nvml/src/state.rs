@@ -5,7 +5,7 @@ use alloc::vec::Vec;
 
 use crate::ffi::{self, Ret};
 use crate::parse::{self, BusId};
-use crate::sys::{self, Lock};
+use crate::sys::{self, Access, Lock};
 
 /// One GPU: what the driver files and `nvml/gpus/<bus>` say, and what callers set.
 pub struct Device {
@@ -188,6 +188,14 @@ fn load(flags: u32) -> Result<Loaded, Ret> {
         devices.push(Box::new(load_device(root, name)?));
     }
     devices.sort_by_key(|d| d.minor);
+    if sys::env(c"MOCKFS_DEV") != Some(b"1") {
+        let access: Vec<Access> = devices
+            .iter()
+            .map(|d| sys::probe_device(alloc::format!("/dev/nvidia{}", d.minor).as_bytes()))
+            .collect();
+        let mut shown = access.iter().map(|&a| visible(&access, a));
+        devices.retain(|_| shown.next().unwrap_or(true));
+    }
     for (index, d) in (0u32..).zip(devices.iter_mut()) {
         d.index = index;
     }
@@ -196,6 +204,19 @@ fn load(flags: u32) -> Result<Loaded, Ret> {
         cuda_version,
         devices,
     })
+}
+
+/// Whether a GPU whose `/dev/nvidia<minor>` answered `access` is this process's, given how every
+/// GPU's node answered (`all`): as on a real node, a GPU the device cgroup denies is not listed
+/// (Slurm's `ConstrainDevices`), nor one whose node the container was not given, when it was given
+/// some. With no node at all (a host's `/dev`, as under `exec` without the shim) every GPU is.
+/// `MOCKFS_DEV=1` (`exec`: the shim serves `/dev/nvidia*` from the tree) skips the probe.
+fn visible(all: &[Access], access: Access) -> bool {
+    match access {
+        Access::Allowed => true,
+        Access::Denied => false,
+        Access::Missing => all.iter().all(|&a| a == Access::Missing),
+    }
 }
 
 /// Where the agent renders the NVML data (`mockgpu_api::nvml`; the keys below are that module's
@@ -371,4 +392,38 @@ fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
         app_graphics: graphics_default,
         locked: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Access::{Allowed, Denied, Missing};
+
+    fn shown(all: &[Access]) -> Vec<bool> {
+        all.iter().map(|&a| visible(all, a)).collect()
+    }
+
+    #[test]
+    fn a_confined_job_sees_only_the_gpus_its_cgroup_allows() {
+        assert_eq!(
+            shown(&[Denied, Allowed, Denied, Allowed]),
+            [false, true, false, true]
+        );
+        assert_eq!(shown(&[Denied; 4]), [false; 4]);
+    }
+
+    #[test]
+    fn a_container_given_some_nodes_sees_only_those() {
+        assert_eq!(
+            shown(&[Allowed, Missing, Missing, Allowed]),
+            [true, false, false, true]
+        );
+        assert_eq!(shown(&[Missing, Denied]), [false, false]);
+    }
+
+    #[test]
+    fn without_any_node_every_gpu_shows() {
+        assert_eq!(shown(&[Missing; 4]), [true; 4]);
+        assert_eq!(shown(&[Allowed; 4]), [true; 4]);
+    }
 }

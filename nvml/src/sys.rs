@@ -225,6 +225,34 @@ pub fn list_dir(path: &[u8]) -> Option<Vec<Vec<u8>>> {
     ok.then_some(names)
 }
 
+/// How opening a device node read-write answered (the node is closed again at once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// It opened, or failed past the device cgroup's check (`ENXIO`: no driver behind its
+    /// number, as on a mock node; `EACCES`: its mode).
+    Allowed,
+    /// `EPERM`: the device cgroup refused it (Slurm's `ConstrainDevices`, a container's rules).
+    Denied,
+    /// `ENOENT`: there is no such node.
+    Missing,
+}
+
+/// Opens `path` read-write with a raw `openat` (no `LD_PRELOAD` hook redirects it) and closes it.
+pub fn probe_device(path: &[u8]) -> Access {
+    match open(path, libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK) {
+        Some(fd) => {
+            close(fd);
+            Access::Allowed
+        }
+        // SAFETY: glibc's per-thread errno location is always valid.
+        None => match unsafe { *libc::__errno_location() } {
+            libc::EPERM => Access::Denied,
+            libc::ENOENT => Access::Missing,
+            _ => Access::Allowed,
+        },
+    }
+}
+
 /// Sleeps `ms` milliseconds (`clock_nanosleep`, monotonic; restarted after a signal).
 pub fn sleep_ms(ms: u32) {
     let mut ts = libc::timespec {

@@ -4,18 +4,10 @@
 
 mod common;
 
-use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::process::{Command, Output};
 
 use common::Rendered;
-
-/// A directory holding `libnvidia-ml.so.1`, the library under test.
-fn library_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    symlink(common::library_path(), dir.path().join("libnvidia-ml.so.1")).unwrap();
-    dir
-}
 
 /// `nvidia-smi ARGS` with the libraries of `lib_dir` and the mock tree at `root`.
 fn smi(lib_dir: &Path, root: &Path, args: &[&str]) -> Output {
@@ -34,7 +26,7 @@ fn stdout(out: &Output) -> String {
 
 /// Runs `args` on a gb300 tree, expecting success; returns stdout.
 fn run_ok(tree: &Rendered, args: &[&str]) -> String {
-    let lib = library_dir();
+    let lib = common::library_dir();
     let out = smi(lib.path(), &tree.root(), args);
     assert!(
         out.status.success(),
@@ -114,7 +106,7 @@ fn one_gpu_by_index_uuid_or_bus_id() {
     let q = run_ok(&tree, &["-q", "-i", "2", "-d", "MEMORY"]);
     assert!(q.contains(&format!("\nGPU {bus}\n")), "{q}");
     assert_eq!(q.matches("\nGPU ").count(), 1, "{q}");
-    let lib = library_dir();
+    let lib = common::library_dir();
     let none = smi(lib.path(), &tree.root(), &["-L", "-i", "7"]);
     assert_eq!(none.status.code(), Some(6));
     assert_eq!(stdout(&none), "No devices were found\n");
@@ -188,7 +180,7 @@ fn without_the_library_it_says_so_and_exits_12() {
 
 #[test]
 fn without_a_tree_it_cannot_talk_to_the_driver_and_exits_9() {
-    let lib = library_dir();
+    let lib = common::library_dir();
     let nothing = tempfile::tempdir().unwrap();
     for args in [&["-L"][..], &[], &["--query-gpu=name", "--format=csv"]] {
         let out = smi(lib.path(), &nothing.path().join("absent"), args);

@@ -1488,12 +1488,15 @@ scenario_chart_slinky() {
   s=$(slinky_srun --gres=gpu:2 env | grep '^CUDA_VISIBLE_DEVICES=') || { slinky_logs; fail "srun -N1 --gres=gpu:2 env"; }
   [ "$s" = CUDA_VISIBLE_DEVICES=0,1 ] || fail "srun --gres=gpu:2 on the chart's agent: $s"
   echo "  on the chart's agent: $(ctld sinfo -h -N -o '%N %T %G'); srun --gres=gpu:2: $s"
-  # nvidia-smi in the job, through the libnvidia-ml.so.1 the NRI plugin bound into the slurmd
-  # container: without ConstrainDevices a job sees all four GPUs, as on a real node, with the
-  # driver files' UUIDs
+  # the README's verification: nvidia-smi in the job, through the libnvidia-ml.so.1 the NRI plugin
+  # bound into the slurmd container; without ConstrainDevices (Slinky's default cgroup.conf) a job
+  # sees all four GPUs, as on a real node, with the driver files' UUIDs (the node test bed's
+  # constrain-devices step confines jobs)
   local smi uuids
-  smi=$(slinky_srun --gres=gpu:2 nvidia-smi -L) || { slinky_logs; fail "srun nvidia-smi -L"; }
+  # shellcheck disable=SC2016 # expanded by the job's shell
+  smi=$(slinky_srun --gres=gpu:2 bash -c 'echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; nvidia-smi -L') || { slinky_logs; fail "srun nvidia-smi -L"; }
   echo "$smi" | sed 's/^/  srun nvidia-smi -L: /'
+  [ "$(sed -n 1p <<< "$smi")" = CUDA_VISIBLE_DEVICES=0,1 ] || fail "the README's srun: want CUDA_VISIBLE_DEVICES=0,1 first"
   [ "$(grep -cE '^GPU [0-3]: NVIDIA GB300 \(UUID: GPU-[0-9a-f-]+\)$' <<< "$smi")" = 4 ] || fail "srun nvidia-smi -L: want four NVIDIA GB300 lines"
   uuids=$(slinky_srun sh -c 'sed -n "s/^GPU UUID:[[:space:]]*//p" /proc/driver/nvidia/gpus/*/information' | sort)
   [ "$(grep -oE 'GPU-[0-9a-f-]+' <<< "$smi" | sort)" = "$uuids" ] || fail "nvidia-smi -L's UUIDs are not the driver files': $uuids"

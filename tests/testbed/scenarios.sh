@@ -103,8 +103,9 @@ assert_untouched() {  # assert_untouched <key>: no mount, no LD_PRELOAD, no devi
 # ---------------------------------------------------------------------------------------------
 # Slurm: slurmctld + munged in the node (loopback-only network), slurmd in a container
 
-slurm_write_conf() {  # slurm_write_conf fake|nvidia
-  local h hw; h=$(hostname)
+slurm_write_conf() {  # slurm_write_conf fake|nvidia [constrain]: constrain adds ConstrainDevices
+  local h hw proctrack=proctrack/linuxproc task=task/none; h=$(hostname)
+  if [ "${2:-}" = constrain ]; then proctrack=proctrack/cgroup; task=task/cgroup; fi
   # the host's real CPU layout (as slurmd -C sees it), so the node is not invalidated
   hw=$(innode slurmd -C | sed -n 1p | grep -oE '(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=[0-9]+' | tr '\n' ' ')
   cat > "$R/etc/slurm/slurm.conf" <<EOF
@@ -121,8 +122,8 @@ SlurmctldPidFile=/run/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType=$proctrack
+TaskPlugin=$task
 JobAcctGatherType=jobacct_gather/none
 SelectType=select/cons_tres
 SchedulerType=sched/backfill
@@ -136,6 +137,16 @@ EOF
     fake) printf 'AutoDetect=off\nName=gpu Type=nvidia_gb300 File=/dev/nvidia[0-3]\n' > "$R/etc/slurm/gres.conf" ;;
     nvidia) printf 'AutoDetect=nvidia\n' > "$R/etc/slurm/gres.conf" ;;
   esac
+  # Slurm's cgroup plugin for the node's hierarchy: cgroup/v2 refuses a hybrid host ("Hybrid mode
+  # is not supported"), so a cgroup v1 host gets cgroup/v1 (the devices controller's deny list;
+  # on v2 Slurm attaches a BPF device program: either way a refused open fails with EPERM)
+  if [ "${2:-}" = constrain ]; then
+    local plugin=cgroup/v1
+    [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] && plugin=cgroup/v2
+    printf 'CgroupPlugin=%s\nConstrainDevices=yes\n' "$plugin" > "$R/etc/slurm/cgroup.conf"
+  else
+    rm -f "$R/etc/slurm/cgroup.conf"
+  fi
 }
 
 slurm_ctl_up() {
@@ -266,6 +277,7 @@ run_scenarios() {
   sstep agent-surge scenario_agent_surge
   sstep runtime-restart scenario_runtime_restart
   sstep slurmrestd-delete-node scenario_slurmrestd
+  sstep constrain-devices scenario_constrain_devices
 }
 
 scenario_seed() {
@@ -657,6 +669,47 @@ scenario_slurmrestd() {
   if [ "$took" -lt 1000 ] || [ "$took" -ge 5000 ]; then fail "the 1 s timeout took $took ms"; fi
   echo "  a server that never answers: timed out after $took ms"
   stop_kinds TERM mute slurmrestd
+  cri down "$SLURMD_POD" > /dev/null
+  slurm_ctl_down
+}
+
+# opening each /dev/nvidia<m> read-write in a job: "<m> ok" or "<m> <the shell's error>"
+OPEN_GPUS='for m in 0 1 2 3; do if e=$( (exec 3<> /dev/nvidia$m) 2>&1); then echo "$m ok"; else echo "$m ${e##*: }"; fi; done'
+
+scenario_constrain_devices() {  # ConstrainDevices=yes: a job lists and opens only its own GPUs
+  slurm_write_conf nvidia constrain
+  slurm_ctl_up
+  slurmd_up slurmd --env NVIDIA_VISIBLE_DEVICES=all --env SLURMD_NODENAME="$NODE"
+  wait_for 30 "slurmd to register idle" node_idle || { slurm_logs; exit 1; }
+  echo "  cgroup.conf: $(tr '\n' ' ' < "$R/etc/slurm/cgroup.conf")"
+  local uuids s want a
+  uuids=$(innode sh -c 'for f in /run/mockgpu/fs/proc/driver/nvidia/gpus/*/information; do
+    printf "%s %s\n" "$(sed -n "s/^Device Minor:[[:space:]]*//p" "$f")" "$(sed -n "s/^GPU UUID:[[:space:]]*//p" "$f")"; done' | sort -n)
+  # the guide's verification: two GPUs, those Slurm allocated (minors 0 and 1), as GPU 0 and 1
+  s=$(srun_ --gres=gpu:2 sh -c 'echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; nvidia-smi -L') || { slurm_logs; fail "srun --gres=gpu:2 nvidia-smi -L"; }
+  echo "$s" | sed 's/^/  srun --gres=gpu:2 nvidia-smi -L: /'
+  want=$(printf 'CUDA_VISIBLE_DEVICES=0,1\nGPU 0: NVIDIA GB300 (UUID: %s)\nGPU 1: NVIDIA GB300 (UUID: %s)' \
+    "$(awk '$1 == 0 {print $2}' <<< "$uuids")" "$(awk '$1 == 1 {print $2}' <<< "$uuids")")
+  [ "$s" = "$want" ] || fail "srun --gres=gpu:2 nvidia-smi -L: want
+$want"
+  # the kernel's answers in the job: the device cgroup refuses the other two before any driver is
+  # looked up; the allocated ones pass it and find no driver behind 195:N
+  s=$(srun_ --gres=gpu:2 sh -c "$OPEN_GPUS") || fail "srun: opening the GPU nodes"
+  echo "$s" | sed 's/^/  open in a job with gpu:2: /'
+  [ "$s" = "$(printf '0 No such device or address\n1 No such device or address\n2 Operation not permitted\n3 Operation not permitted')" ] \
+    || fail "opening the GPU nodes in a job: want ENXIO for 0 and 1, EPERM for 2 and 3"
+  # two jobs at once get disjoint pairs: the first holds its GPUs until the second has listed
+  cexec slurmd sh -c 'rm -f /tmp/mgtb-hold; mkfifo /tmp/mgtb-hold'
+  # (--mem: the node's whole memory is each job's default, which would make them take turns)
+  srun_ --mem=100 --gres=gpu:2 sh -c 'nvidia-smi -L; read -r _ < /tmp/mgtb-hold' > "$LOGS/job-a.txt" 2>&1 &
+  a=$!
+  wait_for 30 "the first job to list its GPUs" grep -c '^GPU 1: ' "$LOGS/job-a.txt" || { kill "$a" 2> /dev/null || true; fail "the first job listed: $(cat "$LOGS/job-a.txt")"; }
+  s=$(srun_ --mem=100 --gres=gpu:2 nvidia-smi -L) || { kill "$a" 2> /dev/null || true; slurm_logs; fail "srun of the second job"; }
+  cexec slurmd sh -c 'echo done > /tmp/mgtb-hold'
+  wait "$a" || fail "the first job failed: $(cat "$LOGS/job-a.txt")"
+  echo "  concurrent jobs: $(grep -o 'UUID: [^)]*' "$LOGS/job-a.txt" | tr '\n' ' ')| $(grep -o 'UUID: [^)]*' <<< "$s" | tr '\n' ' ')"
+  [ "$(grep -o 'GPU-[0-9a-f-]*' "$LOGS/job-a.txt" | tr '\n' ' ')" = "$(awk '$1 < 2 {printf "%s ", $2}' <<< "$uuids")" ] || fail "the first job: want minors 0 and 1"
+  [ "$(grep -o 'GPU-[0-9a-f-]*' <<< "$s" | tr '\n' ' ')" = "$(awk '$1 >= 2 {printf "%s ", $2}' <<< "$uuids")" ] || fail "the second job: want minors 2 and 3"
   cri down "$SLURMD_POD" > /dev/null
   slurm_ctl_down
 }

@@ -29,6 +29,13 @@ pub fn library_path() -> PathBuf {
     .clone()
 }
 
+/// A directory holding `libnvidia-ml.so.1` (the library under test), for `LD_LIBRARY_PATH`.
+pub fn library_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(library_path(), dir.path().join("libnvidia-ml.so.1")).unwrap();
+    dir
+}
+
 /// `cargo build --target TARGET ARGS` of the library into the tests' own target directory.
 pub fn cargo_build(args: &[&str]) -> PathBuf {
     cargo::build(
