@@ -195,6 +195,27 @@ fn nvidia_smi_lists_the_profiles_gpus() {
 }
 
 #[test]
+fn the_gpu_nodes_open_as_on_a_gpu_node() {
+    // The tree's nodes lie on a nodev mount (EACCES); the shim opens /dev/null in their place.
+    let script = r#"
+import os
+for n in ["0", "1", "2", "3", "ctl", "-uvm", "-uvm-tools", "9"]:
+    p = "/dev/nvidia" + n
+    try:
+        fd = os.open(p, os.O_RDWR)
+        print(p, len(os.read(fd, 8)))
+        os.close(fd)
+    except OSError as e:
+        print(p, e.strerror)
+"#;
+    assert_eq!(
+        ok(&[], &["python3", "-c", script]),
+        "/dev/nvidia0 0\n/dev/nvidia1 0\n/dev/nvidia2 0\n/dev/nvidia3 0\n/dev/nvidiactl 0\n\
+         /dev/nvidia-uvm 0\n/dev/nvidia-uvm-tools 0\n/dev/nvidia9 No such file or directory\n"
+    );
+}
+
+#[test]
 fn a_program_dlopens_the_nvml_by_either_name() {
     // As go-nvml and pynvml do (the SONAME), and Slurm (the name without version).
     let script = r#"

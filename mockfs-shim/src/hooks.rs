@@ -16,6 +16,7 @@ use libc::{AT_FDCWD, mode_t, size_t, ssize_t};
 
 use crate::path::{
     Config, DEFAULT_PREFIXES, DEFAULT_ROOT, DEV_PREFIX, PATH_MAX, PREFIXES_FILE, ROOT_MAX, Target,
+    is_gpu_node,
 };
 use crate::sys::{self, Real, errno, note, set_errno};
 
@@ -151,6 +152,41 @@ fn strip_root(s: *mut c_char) -> *mut c_char {
     s
 }
 
+/// An open of a GPU node (`path::is_gpu_node`, absolute paths only) that the device cgroup let
+/// through but no driver backs (`ENXIO`; under `exec`, where the node is the tree's on a `nodev`
+/// mount, `EACCES`) returns a descriptor of `/dev/null` opened with the caller's access mode, as
+/// a real node would open: reads see end of file, writes are discarded, ioctls fail with
+/// `ENOTTY`. A node the cgroup refuses keeps its `EPERM` (docs/nvml.md: a job sees only its GPUs).
+fn stand_in(ret: c_int, path: *const c_char, flags: c_int) -> c_int {
+    let Some(cfg) = active().filter(|_| ret == -1 && !path.is_null()) else {
+        return ret;
+    };
+    let e = errno();
+    // SAFETY: non-null, and NUL-terminated as the caller's path argument.
+    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+    if !(e == libc::ENXIO || e == libc::EACCES && cfg.covers(bytes)) || !is_gpu_node(bytes) {
+        return ret;
+    }
+    let keep = libc::O_ACCMODE | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
+    match sys::open_at(AT_FDCWD, c"/dev/null", flags & keep) {
+        Some(fd) => {
+            if sys::debug() {
+                note(&[
+                    b"open ",
+                    bytes,
+                    b": no driver behind the node, /dev/null stands in",
+                ]);
+            }
+            set_errno(e);
+            fd
+        }
+        None => {
+            set_errno(e);
+            ret
+        }
+    }
+}
+
 /// The leading fields shared by `glob_t` and `glob64_t`.
 #[repr(C)]
 struct GlobHead {
@@ -245,14 +281,22 @@ type Ptr = *mut c_void;
 type Path = *const c_char;
 
 hooks! {
-    open(path: Path, flags: c_int, mode: mode_t) -> c_int, err -1, redirect path at AT_FDCWD;
-    open64(path: Path, flags: c_int, mode: mode_t) -> c_int, err -1, redirect path at AT_FDCWD;
-    __open_2(path: Path, flags: c_int) -> c_int, err -1, redirect path at AT_FDCWD;
-    __open64_2(path: Path, flags: c_int) -> c_int, err -1, redirect path at AT_FDCWD;
-    openat(dirfd: c_int, path: Path, flags: c_int, mode: mode_t) -> c_int, err -1, redirect path at dirfd;
-    openat64(dirfd: c_int, path: Path, flags: c_int, mode: mode_t) -> c_int, err -1, redirect path at dirfd;
-    __openat_2(dirfd: c_int, path: Path, flags: c_int) -> c_int, err -1, redirect path at dirfd;
-    __openat64_2(dirfd: c_int, path: Path, flags: c_int) -> c_int, err -1, redirect path at dirfd;
+    open(path: Path, flags: c_int, mode: mode_t) -> c_int, err -1, redirect path at AT_FDCWD,
+        post |r| stand_in(r, path, flags);
+    open64(path: Path, flags: c_int, mode: mode_t) -> c_int, err -1, redirect path at AT_FDCWD,
+        post |r| stand_in(r, path, flags);
+    __open_2(path: Path, flags: c_int) -> c_int, err -1, redirect path at AT_FDCWD,
+        post |r| stand_in(r, path, flags);
+    __open64_2(path: Path, flags: c_int) -> c_int, err -1, redirect path at AT_FDCWD,
+        post |r| stand_in(r, path, flags);
+    openat(dirfd: c_int, path: Path, flags: c_int, mode: mode_t) -> c_int, err -1, redirect path at dirfd,
+        post |r| stand_in(r, path, flags);
+    openat64(dirfd: c_int, path: Path, flags: c_int, mode: mode_t) -> c_int, err -1, redirect path at dirfd,
+        post |r| stand_in(r, path, flags);
+    __openat_2(dirfd: c_int, path: Path, flags: c_int) -> c_int, err -1, redirect path at dirfd,
+        post |r| stand_in(r, path, flags);
+    __openat64_2(dirfd: c_int, path: Path, flags: c_int) -> c_int, err -1, redirect path at dirfd,
+        post |r| stand_in(r, path, flags);
     creat(path: Path, mode: mode_t) -> c_int, err -1, redirect path at AT_FDCWD;
     creat64(path: Path, mode: mode_t) -> c_int, err -1, redirect path at AT_FDCWD;
     fopen(path: Path, mode: Path) -> Ptr, err null_mut(), redirect path at AT_FDCWD;
@@ -353,7 +397,11 @@ fn configure(cfg: &mut Config) -> bool {
         ]);
         return false;
     };
-    let Some(fd) = sys::open_at(AT_FDCWD, root_name, libc::O_RDONLY | libc::O_DIRECTORY) else {
+    let Some(fd) = sys::open_at(
+        AT_FDCWD,
+        root_name,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+    ) else {
         note(&[b"mock root '", root, b"' is missing: pass-through"]);
         return false;
     };
@@ -395,7 +443,7 @@ fn configure_from(cfg: &mut Config, fd: c_int, root: &[u8]) -> bool {
                 add(DEV_PREFIX);
             }
             let mut file = [0u8; 16 * 1024];
-            if let Some(pfd) = sys::open_at(fd, PREFIXES_FILE, libc::O_RDONLY) {
+            if let Some(pfd) = sys::open_at(fd, PREFIXES_FILE, libc::O_RDONLY | libc::O_CLOEXEC) {
                 let n = sys::read_full(pfd, &mut file);
                 sys::close(pfd);
                 let mut text = file.get(..n).unwrap_or_default();

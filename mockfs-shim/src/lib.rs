@@ -13,6 +13,9 @@
 //!   directories), and `/dev/nvidia*` when `MOCKFS_DEV=1`.
 //! - `MOCKFS_DEBUG=1`: notes on stderr (configuration, ignored entries, each redirect).
 //!
+//! One more rule: an `open` of an absolute `/dev/nvidia…` path that the device cgroup lets through
+//! but no driver backs (`ENXIO`) gets a descriptor of `/dev/null` instead (`hooks::stand_in`).
+//!
 //! The matching rules are in `path.rs`; the hooks in `hooks.rs`.
 #![cfg_attr(not(test), no_std)]
 #![deny(

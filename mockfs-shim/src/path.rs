@@ -46,6 +46,13 @@ pub const DEFAULT_PREFIXES: [&[u8]; 5] = [
 /// Added to the defaults when `MOCKFS_DEV=1` (local `exec` runs only).
 pub const DEV_PREFIX: &[u8] = b"/dev/nvidia*";
 
+/// Whether `path` names one of the NVIDIA driver's device nodes (`/dev/nvidia0`, `/dev/nvidiactl`,
+/// `/dev/nvidia-uvm`, `/dev/nvidia-caps/…`): an open of one that the device cgroup lets through
+/// but no driver backs gets a stand-in (`hooks.rs`).
+pub fn is_gpu_node(path: &[u8]) -> bool {
+    path.starts_with(b"/dev/nvidia") && !path.split(|&b| b == b'/').any(|c| c == b"..")
+}
+
 /// A built path does not fit its buffer: reported to the caller as `ENAMETOOLONG`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct TooLong;
@@ -999,5 +1006,27 @@ mod tests {
             PREFIXES_FILE.to_bytes(),
             mockgpu_api::layout::PREFIXES_FILE.as_bytes()
         );
+    }
+
+    #[test]
+    fn gpu_nodes_are_the_drivers_dev_nodes() {
+        for p in [
+            "/dev/nvidia0",
+            "/dev/nvidia17",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-caps/nvidia-cap1",
+        ] {
+            assert!(is_gpu_node(p.as_bytes()), "{p}");
+        }
+        for p in [
+            "/dev/null",
+            "dev/nvidia0",
+            "/dev/nvidia0/../sda",
+            "/proc/driver/nvidia/gpus",
+            "/dev/nvidi",
+        ] {
+            assert!(!is_gpu_node(p.as_bytes()), "{p}");
+        }
     }
 }

@@ -82,18 +82,10 @@ fn check(r: c_long) -> Option<usize> {
     usize::try_from(r).ok()
 }
 
-/// `openat(2)` without going through any hook.
+/// `openat(2)` without going through any hook (`O_CLOEXEC` only when `flags` has it).
 pub fn open_at(dirfd: c_int, path: &CStr, flags: c_int) -> Option<c_int> {
     // SAFETY: `path` is NUL-terminated.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_openat,
-            dirfd,
-            path.as_ptr(),
-            flags | libc::O_CLOEXEC,
-            0,
-        )
-    };
+    let r = unsafe { libc::syscall(libc::SYS_openat, dirfd, path.as_ptr(), flags, 0) };
     check(r).and_then(|fd| c_int::try_from(fd).ok())
 }
 
@@ -179,7 +171,7 @@ pub fn base_dir(dirfd: c_int, buf: &mut [u8]) -> Option<Result<&[u8], TooLong>> 
 
 /// The physical path of `path` (symlinks and `..` resolved by the kernel), for `Config::resolve`.
 pub fn physical<'o>(path: &CStr, out: &'o mut [u8; PATH_MAX]) -> Option<&'o [u8]> {
-    let fd = open_at(libc::AT_FDCWD, path, libc::O_PATH)?;
+    let fd = open_at(libc::AT_FDCWD, path, libc::O_PATH | libc::O_CLOEXEC)?;
     let real = base_dir(fd, out).and_then(Result::ok);
     close(fd);
     real

@@ -2,7 +2,8 @@
 //! root and a cgroup2 mount). Each job runs in a private mount namespace whose `/dev` is a tmpfs
 //! holding the GPU nodes a container of a mock node has (195:N, no driver behind them), inside a
 //! cgroup whose BPF device program refuses some minors, as Slurm's cgroup/v2 plugin builds it.
-//! The kernel answers, not a fake: `EPERM` for a refused node, `ENXIO` for an allowed one.
+//! The kernel answers, not a fake: `EPERM` for a refused node, `ENXIO` for an allowed one (which
+//! the shim turns into an open).
 
 mod common;
 #[path = "common/devcgroup.rs"]
@@ -128,6 +129,17 @@ fn a_confined_job_lists_and_opens_only_its_gpus() {
         &["python3", "-c", OPEN_ALL],
     ));
     assert_eq!(opens, "0 EPERM\n1 ENXIO\n2 EPERM\n3 ENXIO\n");
+    // With the shim (in a container through /etc/ld.so.preload): the allowed ones open.
+    let shim =
+        common::cargo_build(&["--release", "-p", "mockfs-shim"]).join("release/libmockfs.so");
+    let preload = format!("LD_PRELOAD={}", shim.display());
+    let opens = finish(job(
+        &tree,
+        "0 1 2 3",
+        Some(&cgroup),
+        &["env", &preload, "python3", "-c", OPEN_ALL],
+    ));
+    assert_eq!(opens, "0 EPERM\n1 ok\n2 EPERM\n3 ok\n");
 }
 
 #[test]
