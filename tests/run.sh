@@ -88,7 +88,7 @@ step "the files the images copy (x86_64)"
 bash tests/images.sh "${CARGO_TARGET_DIR:-target}/release" x86_64
 step "cargo test"
 cargo test --workspace
-step "the NVML library against nvml.h and pynvml (tests/nvml/run.sh)"
+step "the NVML library against its consumers: nvml.h, pynvml, gpustat, nvitop, go-nvml (tests/nvml/run.sh)"
 bash tests/nvml/run.sh
 step "waiting for the roots and the Kubernetes build started in the background"
 prefetch_wait

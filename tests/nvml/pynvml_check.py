@@ -3,7 +3,11 @@
 driver files' (information, sysfs) and the nvml/ files', and the profile's where the profile
 states it.
 
-usage: MOCKFS_ROOT=DIR LD_LIBRARY_PATH=<dir of libnvidia-ml.so.1> pynvml_check.py PROFILE.yaml
+usage: MOCKFS_ROOT=DIR LD_LIBRARY_PATH=<dir of libnvidia-ml.so.1> pynvml_check.py [--without-fabric] PROFILE.yaml
+
+--without-fabric leaves out nvmlDeviceGetGpuFabricInfo, for bindings older than its struct: Debian
+bookworm's pynvml 11.525 declares nvmlGpuFabricInfo_t with an 80-byte clusterUuid and no cliqueId
+(the header's has 16 bytes and a cliqueId), so it reads neither field where the library writes it.
 """
 import ctypes
 import os
@@ -42,6 +46,12 @@ def profile(path):
     return out
 
 
+def gpus():
+    """The bus ids of the served GPUs in NVML's order: by `Device Minor`."""
+    return sorted(os.listdir(os.path.join(ROOT, "proc/driver/nvidia/gpus")),
+                  key=lambda b: int(kv(f"proc/driver/nvidia/gpus/{b}/information")["Device Minor"]))
+
+
 def cpus(text):
     out = []
     for part in filter(None, text.split(",")):
@@ -51,7 +61,13 @@ def cpus(text):
 
 
 def main():
-    prof = profile(sys.argv[1])
+    args = sys.argv[1:]
+    fabric_info = "--without-fabric" not in args
+    if not fabric_info:
+        args.remove("--without-fabric")
+    if len(args) != 1:
+        sys.exit("usage: pynvml_check.py [--without-fabric] PROFILE.yaml")
+    prof = profile(args[0])
     checks = 0
 
     def same(what, got, want):
@@ -67,12 +83,11 @@ def main():
     same("driver version (profile)", driver, prof["driver_version"])
     system = kv("nvml/system")
     same("CUDA driver version", nv.nvmlSystemGetCudaDriverVersion(), int(system["CUDA Driver Version"]))
-    gpus = sorted(os.listdir(os.path.join(ROOT, "proc/driver/nvidia/gpus")),
-                  key=lambda b: int(kv(f"proc/driver/nvidia/gpus/{b}/information")["Device Minor"]))
-    same("device count", nv.nvmlDeviceGetCount(), len(gpus))
-    same("device count (profile)", len(gpus), int(prof["gpus"]))
+    buses = gpus()
+    same("device count", nv.nvmlDeviceGetCount(), len(buses))
+    same("device count (profile)", len(buses), int(prof["gpus"]))
     by_bus = {}
-    for index, bus in enumerate(gpus):
+    for index, bus in enumerate(buses):
         info = kv(f"proc/driver/nvidia/gpus/{bus}/information")
         data = kv(f"nvml/gpus/{bus}")
         h = nv.nvmlDeviceGetHandleByIndex(index)
@@ -122,19 +137,20 @@ def main():
             same(f"NVLink {link} state", nv.nvmlDeviceGetNvLinkState(h, link), nv.NVML_FEATURE_ENABLED)
             same(f"NVLink {link} remote", nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busIdLegacy,
                  remote.upper())
-        if "nvml.fabric_clique_id" in prof:
+        if fabric_info and "nvml.fabric_clique_id" in prof:
             fabric = nv.c_nvmlGpuFabricInfo_t()
             nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(fabric))
             same("fabric clique", fabric.cliqueId, int(prof["nvml.fabric_clique_id"]))
             same("fabric cluster", bytes(fabric.clusterUuid).hex(),
                  prof["nvml.fabric_cluster_uuid"].replace("-", ""))
     try:
-        nv.nvmlDeviceGetEncoderUtilization(by_bus[gpus[0]])
+        nv.nvmlDeviceGetEncoderUtilization(by_bus[buses[0]])
         sys.exit("pynvml_check: an unimplemented function succeeded")
     except nv.NVMLError_NotSupported:
         checks += 1
     nv.nvmlShutdown()
-    print(f"pynvml_check: {prof['name']}: {len(gpus)} GPUs, {checks} values match")
+    left_out = "" if fabric_info else " (fabric info left out)"
+    print(f"pynvml_check: {prof['name']}: {len(buses)} GPUs, {checks} values match{left_out}")
 
 
 if __name__ == "__main__":

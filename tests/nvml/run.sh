@@ -1,30 +1,17 @@
 #!/usr/bin/env bash
-# The mock libnvidia-ml.so.1 against real consumers of NVML's ABI: a C program compiled against
-# NVIDIA's nvml.h (Debian trixie's libnvidia-ml-dev, CUDA 12.4) and pynvml (nvidia-ml-py from
-# PyPI), over trees the agent renders for gb300, h100 and t4; and the library exports every
-# function the header declares. Caches the header and the Python environment in
-# /var/tmp/mockgpu-nvml. Needs no root.
+# The mock libnvidia-ml.so.1 against real consumers of NVML's ABI, none of them ours, over trees
+# the agent renders for gb300, h100 and t4: a C program compiled against NVIDIA's nvml.h (Debian
+# trixie's libnvidia-ml-dev, CUDA 12.4); pynvml_check.py with pynvml from PyPI (nvidia-ml-py) and
+# with Debian bookworm's python3-pynvml under Debian's python3; gpustat and nvitop from PyPI
+# (tools_check.py); a Go program on NVIDIA's go-nvml (go/). And the library exports every
+# function the header declares. tests/nvml/fetch.sh caches the downloads and the Python
+# environments in /var/tmp/mockgpu-nvml, tests/nvml/go/build.sh the Go caches. Needs no root.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 CACHE=${NVML_CACHE:-/var/tmp/mockgpu-nvml}
-DEB=libnvidia-ml-dev_12.4.127~12.4.1-2_amd64.deb
-DEB_SHA256=6f796a688ee18e21495f4b9a28fe1f9b67e3a95f709880d751eb4c8d483bbfbb
-mkdir -p "$CACHE"
-
-# nvml.h: the header is the same on every architecture; the amd64 package carries it.
+PROFILES="gb300 h100 t4"
+bash tests/nvml/fetch.sh "$CACHE"
 HEADER=$CACHE/include/nvml.h
-if [ ! -f "$HEADER" ]; then
-  curl -fsSL -o "$CACHE/$DEB" "http://deb.debian.org/debian/pool/non-free/n/nvidia-cuda-toolkit/$DEB"
-  echo "$DEB_SHA256  $CACHE/$DEB" | sha256sum -c --quiet
-  dpkg-deb -x "$CACHE/$DEB" "$CACHE/deb"
-  mkdir -p "$CACHE/include"
-  cp "$CACHE/deb/usr/include/nvml.h" "$HEADER"
-  rm -rf "$CACHE/deb" "${CACHE:?}/$DEB"
-fi
-if [ ! -x "$CACHE/venv/bin/python" ]; then
-  python3 -m venv "$CACHE/venv"
-  "$CACHE/venv/bin/pip" install --quiet nvidia-ml-py
-fi
 
 # The release build tests/run.sh has made already (nothing to do then).
 bash tests/release-build.sh
@@ -35,6 +22,19 @@ trap 'rm -rf "$WORK"' EXIT
 # Consumers load the library by its SONAME.
 mkdir -p "$WORK/lib"
 cp "$LIB" "$WORK/lib/libnvidia-ml.so.1"
+for profile in $PROFILES; do
+  "$AGENT" render --profile "$profile" --node-name node-1 --sysfs agent/tests/fixtures/two-socket \
+    --out "$WORK/$profile" >/dev/null
+done
+value() { sed -n "s/^$1:\s*//p" "$2"; }
+# each FUNCTION: calls FUNCTION once per profile, with $profile, $root (its tree) and the
+# library served.
+each() {
+  for profile in $PROFILES; do
+    root=$WORK/$profile
+    MOCKFS_ROOT=$root LD_LIBRARY_PATH=$WORK/lib "$1"
+  done
+}
 
 echo "== every function nvml.h declares is exported"
 grep -oE 'DECLDIR +(char\* +)?nvml[A-Za-z0-9_]+ *\(' "$HEADER" | grep -oE 'nvml[A-Za-z0-9_]+' | sort -u >"$WORK/declared"
@@ -47,26 +47,42 @@ echo "$(wc -l <"$WORK/declared") functions declared, all exported, nothing else"
 
 echo "== abi.c against nvml.h"
 cc -std=c11 -Wall -Werror -I"$CACHE/include" -o "$WORK/abi" tests/nvml/abi.c -L"$WORK/lib" -l:libnvidia-ml.so.1
-
-for profile in gb300 h100 t4; do
-  root=$WORK/$profile
-  "$AGENT" render --profile "$profile" --node-name node-1 --sysfs agent/tests/fixtures/two-socket --out "$root" >/dev/null
-  bus=$(ls "$root/proc/driver/nvidia/gpus" | head -1)
-  for b in $(ls "$root/proc/driver/nvidia/gpus"); do
-    minor=$(sed -n 's/^Device Minor:\s*//p' "$root/proc/driver/nvidia/gpus/$b/information")
-    if [ "$minor" = 0 ]; then bus=$b; fi
-  done
-  info=$root/proc/driver/nvidia/gpus/$bus/information
+# abi.c takes the values of the GPU of minor 0.
+abi() {
+  local info bus data links fabric=0
+  info=$(grep -l '^Device Minor:\s*0$' "$root"/proc/driver/nvidia/gpus/*/information)
+  bus=$(basename "$(dirname "$info")")
   data=$root/nvml/gpus/$bus
-  value() { sed -n "s/^$1:\s*//p" "$2"; }
   links=$(value "NVLink Remote" "$data" | tr ',' '\n' | grep -c . || true)
-  fabric=0
   if grep -q "^Fabric Cluster UUID:" "$data"; then fabric=1; fi
-  MOCKFS_ROOT=$root LD_LIBRARY_PATH=$WORK/lib "$WORK/abi" "$(value Model "$info")" "$bus" \
+  "$WORK/abi" "$(value Model "$info")" "$bus" \
     "$(value "Memory Total" "$data")" "$(value "Memory Reserved" "$data")" \
     "$(value "Memory Clock" "$data")" "$(value Architecture "$data")" "$(value Brand "$data")" \
     "$links" "$fabric"
-  MOCKFS_ROOT=$root LD_LIBRARY_PATH=$WORK/lib "$CACHE/venv/bin/python" tests/nvml/pynvml_check.py \
+}
+each abi
+
+echo "== pynvml: $(grep -h '^nvidia-ml-py==' tests/nvml/requirements-pynvml.txt) (PyPI)"
+pynvml_pypi() { "$CACHE/venv/bin/python" tests/nvml/pynvml_check.py "api/profiles/$profile.yaml"; }
+each pynvml_pypi
+
+# Debian's python3 with the package's directory first on its path, not the user's site.
+DEBIAN_PYNVML=$CACHE/debian-pynvml/usr/lib/python3/dist-packages
+echo "== pynvml: Debian bookworm's python3-pynvml $(value Version "$DEBIAN_PYNVML"/nvidia_ml_py-*.egg-info)" \
+  "under /usr/bin/python3 (fabric info left out: its struct predates the header's)"
+pynvml_debian() {
+  PYTHONPATH=$DEBIAN_PYNVML /usr/bin/python3 -s tests/nvml/pynvml_check.py --without-fabric \
     "api/profiles/$profile.yaml"
-done
+}
+each pynvml_debian
+
+echo "== gpustat and nvitop: $(grep -hE '^(gpustat|nvitop)==' tests/nvml/requirements-tools.txt | paste -sd' ') (PyPI)"
+# -B: tools_check.py imports pynvml_check.py; no __pycache__ is left beside them.
+tools() { "$CACHE/tools/bin/python" -B tests/nvml/tools_check.py "api/profiles/$profile.yaml"; }
+each tools
+
+echo "== go-nvml $(awk '$1 == "require" {print $3}' tests/nvml/go/go.mod): devices, an Xid event wait"
+bash tests/nvml/go/build.sh "$CACHE" "$WORK/nvmllist"
+go_nvml() { bash tests/nvml/go/check.sh "$WORK/nvmllist" "$root" "api/profiles/$profile.yaml"; }
+each go_nvml
 echo "tests/nvml/run.sh: all passed"
