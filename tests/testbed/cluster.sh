@@ -909,13 +909,14 @@ EOF
   return 0
 }
 
-slinky_controller_up() {  # slurm.key Secret, config ConfigMap, the slurmctld pod; its IP in $ST/slinky-ctld-ip
-  local cg; cg=$(slinky_cgroup_conf)
+slinky_controller_up() {  # slinky_controller_up [nvidia|nvml]: slurm.key Secret, config ConfigMap
+  # (gres.conf AutoDetect=nvidia, or nvml), the slurmctld pod; its IP in $ST/slinky-ctld-ip
+  local cg autodetect=${1:-nvidia}; cg=$(slinky_cgroup_conf)
   dp_ns "$SLINKY_NS"
   kc -n "$SLINKY_NS" create secret generic slurm-auth-slurm --from-file=slurm.key=<(head -c 1024 /dev/urandom) > /dev/null
   kc -n "$SLINKY_NS" create secret generic slurm-auth-jwths256 --from-file=jwt_hs256.key=<(head -c 32 /dev/urandom) > /dev/null
   kc -n "$SLINKY_NS" create configmap slurm-config --from-file=slurm.conf=<(slinky_slurm_conf "$cg") \
-    --from-file=cgroup.conf=<(echo "$cg") --from-file=gres.conf=<(echo 'AutoDetect=nvidia') > /dev/null
+    --from-file=cgroup.conf=<(echo "$cg") --from-file=gres.conf=<(echo "AutoDetect=$autodetect") > /dev/null
   kc apply -f - > /dev/null <<EOF
 apiVersion: v1
 kind: Pod
@@ -1092,6 +1093,8 @@ slinky_injection() {  # slinky_injection <container>: "<mockgpu mounts> <LD_PREL
 }
 
 scenario_slinky_slurm() {  # Slinky's slurmctld + slurmd pods find the agent's GPUs; jobs get them
+  # (gres.conf AutoDetect=nvml: Slurm's NVML plugin over the mock libnvidia-ml.so.1 the slurmd
+  # container is given; chart-slinky-remediation runs the README's AutoDetect=nvidia)
   local t ip s m p d labelled=""
   trap 'slinky_down > /dev/null 2>&1 || true' EXIT   # a failed step leaves the node as it found it too
   # the controller labels GPU nodes; until it runs here, the step labels the node itself (and
@@ -1101,7 +1104,7 @@ scenario_slinky_slurm() {  # Slinky's slurmctld + slurmd pods find the agent's G
   fi
   echo "$labelled" > "$ST/slinky-labelled"
   echo "  slurm $(innode slurmd -V | awk '{print $2}'); cgroup.conf: $(slinky_cgroup_conf | tr '\n' ' ')(/sys/fs/cgroup is $(innode stat -fc %T /sys/fs/cgroup))"
-  t=$(date +%s%N); slinky_controller_up; ip=$(cat "$ST/slinky-ctld-ip")
+  t=$(date +%s%N); slinky_controller_up nvml; ip=$(cat "$ST/slinky-ctld-ip")
   timing slinky-slurmctld-ready "$(ms "$t") ms"
   s=$(ctld sh -c 'readlink -f /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/slurmstepd | tr "\n" " "; id slurm')
   echo "  slurmctld at $ip; $s"
@@ -1113,7 +1116,7 @@ scenario_slinky_slurm() {  # Slinky's slurmctld + slurmd pods find the agent's G
   wait_for 60 "slurmd $NODE idle in sinfo" slinky_node_idle || { slinky_logs; exit 1; }
   timing slinky-slurmd-idle "$(ms "$t") ms"
   local sockets; sockets=$(gres_sockets); [ -n "$sockets" ] || fail "no socket found for the served GPUs"
-  s=$(ctld sinfo -h -N -o '%N %T %G'); echo "  sinfo -N -o '%N %T %G': $s"
+  s=$(ctld sinfo -h -N -o '%N %T %G'); echo "  gres.conf AutoDetect=nvml: sinfo -N -o '%N %T %G': $s"
   [ "$s" = "$NODE idle gpu:nvidia_gb300:4(S:$sockets)" ] || { slinky_logs; fail "want '$NODE idle gpu:nvidia_gb300:4(S:$sockets)'"; }
   s=$(slinky_srun --gres=gpu:2 env | grep '^CUDA_VISIBLE_DEVICES=') || { slinky_logs; fail "srun -N1 --gres=gpu:2 env"; }
   echo "  srun -N1 --gres=gpu:2 env: $s"
