@@ -858,16 +858,21 @@ slinky_supported() {  # Slinky's operator supports Slurm 25.11 and later
   awk -v v="$v" 'BEGIN {split(v, p, "."); exit !(p[1] > 25 || (p[1] == 25 && p[2] >= 11))}'
 }
 
-slinky_cgroup_conf() {  # Slinky's cgroup.conf where Slurm's cgroup/v2 can work, or why not
+slinky_cgroup_conf() {  # slinky_cgroup_conf [constrain]: Slinky's cgroup.conf where Slurm's
+  # cgroup/v2 can work, or why not; constrain adds ConstrainDevices=yes (a user's addition)
   if [ "$(innode stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
     printf 'CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n'
+  elif [ "${1:-}" = constrain ]; then
+    # a cgroup v1 host (v1 controllers, an empty cgroup2 at /sys/fs/cgroup/unified): Slurm's
+    # cgroup/v2 refuses it (below); its cgroup/v1 confines devices through the v1 controller
+    printf 'CgroupPlugin=cgroup/v1\n'
   else
-    # a cgroup v1 host (v1 controllers, an empty cgroup2 at /sys/fs/cgroup/unified): slurmd's
-    # cgroup/v2 plugin stops at start, whatever CgroupMountpoint says: "fatal: Hybrid mode is not
-    # supported. Mounted cgroups are: ..." (it reads the v1 lines of /proc/self/cgroup). Slurm
-    # then runs without cgroups (proctrack/linuxproc in slurm.conf)
+    # slurmd's cgroup/v2 plugin stops at start on a v1 host, whatever CgroupMountpoint says:
+    # "fatal: Hybrid mode is not supported. Mounted cgroups are: ..." (it reads the v1 lines of
+    # /proc/self/cgroup). Slurm then runs without cgroups (proctrack/linuxproc in slurm.conf)
     printf 'CgroupPlugin=disabled\n'
   fi
+  [ "${1:-}" != constrain ] || printf 'ConstrainDevices=yes\n'
 }
 
 # the partitions of the README's values for Slinky's chart (examples/slinky-values.yaml), as the
@@ -906,12 +911,14 @@ NodeSet=$SLINKY_NODESET Feature=$SLINKY_NODESET
 EOF
   slinky_partitions
   grep -q '^CgroupPlugin=disabled' <<< "$1" && echo 'ProctrackType=proctrack/linuxproc'
+  grep -q '^ConstrainDevices=yes' <<< "$1" && echo 'TaskPlugin=task/cgroup'
   return 0
 }
 
-slinky_controller_up() {  # slinky_controller_up [nvidia|nvml]: slurm.key Secret, config ConfigMap
-  # (gres.conf AutoDetect=nvidia, or nvml), the slurmctld pod; its IP in $ST/slinky-ctld-ip
-  local cg autodetect=${1:-nvidia}; cg=$(slinky_cgroup_conf)
+slinky_controller_up() {  # slinky_controller_up [nvidia|nvml [constrain]]: slurm.key Secret, config
+  # ConfigMap (gres.conf AutoDetect=nvidia, or nvml; cgroup.conf), the slurmctld pod; its IP in
+  # $ST/slinky-ctld-ip
+  local cg autodetect=${1:-nvidia}; cg=$(slinky_cgroup_conf "${2:-}")
   dp_ns "$SLINKY_NS"
   kc -n "$SLINKY_NS" create secret generic slurm-auth-slurm --from-file=slurm.key=<(head -c 1024 /dev/urandom) > /dev/null
   kc -n "$SLINKY_NS" create secret generic slurm-auth-jwths256 --from-file=jwt_hs256.key=<(head -c 32 /dev/urandom) > /dev/null
@@ -1103,8 +1110,8 @@ scenario_slinky_slurm() {  # Slinky's slurmctld + slurmd pods find the agent's G
     kc label node "$NODE" "$PCI_LABEL=true" > /dev/null; labelled=1
   fi
   echo "$labelled" > "$ST/slinky-labelled"
-  echo "  slurm $(innode slurmd -V | awk '{print $2}'); cgroup.conf: $(slinky_cgroup_conf | tr '\n' ' ')(/sys/fs/cgroup is $(innode stat -fc %T /sys/fs/cgroup))"
-  t=$(date +%s%N); slinky_controller_up nvml; ip=$(cat "$ST/slinky-ctld-ip")
+  echo "  slurm $(innode slurmd -V | awk '{print $2}'); cgroup.conf: $(slinky_cgroup_conf constrain | tr '\n' ' ')(/sys/fs/cgroup is $(innode stat -fc %T /sys/fs/cgroup))"
+  t=$(date +%s%N); slinky_controller_up nvml constrain; ip=$(cat "$ST/slinky-ctld-ip")
   timing slinky-slurmctld-ready "$(ms "$t") ms"
   s=$(ctld sh -c 'readlink -f /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/slurmstepd | tr "\n" " "; id slurm')
   echo "  slurmctld at $ip; $s"
@@ -1121,6 +1128,22 @@ scenario_slinky_slurm() {  # Slinky's slurmctld + slurmd pods find the agent's G
   s=$(slinky_srun --gres=gpu:2 env | grep '^CUDA_VISIBLE_DEVICES=') || { slinky_logs; fail "srun -N1 --gres=gpu:2 env"; }
   echo "  srun -N1 --gres=gpu:2 env: $s"
   [ "$s" = CUDA_VISIBLE_DEVICES=0,1 ] || fail "want CUDA_VISIBLE_DEVICES=0,1"
+  # the README's verification with ConstrainDevices=yes: exactly the two GPUs Slurm gave the job
+  # (their UUIDs); in the job (uid 401, as Slinky's), the other two nodes refuse to open (EPERM)
+  local uuids want
+  uuids=$(slinky_srun sh -c 'for f in /proc/driver/nvidia/gpus/*/information; do
+    printf "%s %s\n" "$(sed -n "s/^Device Minor:[[:space:]]*//p" "$f")" "$(sed -n "s/^GPU UUID:[[:space:]]*//p" "$f")"; done' | sort -n)
+  # shellcheck disable=SC2016 # expanded by the job's shell
+  s=$(slinky_srun --gres=gpu:2 bash -c 'echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; nvidia-smi -L') || { slinky_logs; fail "srun nvidia-smi -L"; }
+  echo "$s" | sed 's/^/  ConstrainDevices=yes: srun --gres=gpu:2 nvidia-smi -L: /'
+  want=$(printf 'CUDA_VISIBLE_DEVICES=0,1\nGPU 0: NVIDIA GB300 (UUID: %s)\nGPU 1: NVIDIA GB300 (UUID: %s)' \
+    "$(awk '$1 == 0 {print $2}' <<< "$uuids")" "$(awk '$1 == 1 {print $2}' <<< "$uuids")")
+  [ "$s" = "$want" ] || fail "the README's verification with ConstrainDevices=yes: want
+$want"
+  s=$(slinky_srun --gres=gpu:2 sh -c "$OPEN_GPUS") || fail "srun: opening the GPU nodes"
+  echo "  open in a job with gpu:2: $(tr '\n' ';' <<< "$s")"
+  [ "$s" = "$(printf '0 ok\n1 ok\n2 Operation not permitted\n3 Operation not permitted')" ] \
+    || fail "opening the GPU nodes in a job: want 0 and 1 to open, EPERM for 2 and 3"
   s=$(slinky_srun ls /proc/driver/nvidia/gpus) || { slinky_logs; fail "srun ls /proc/driver/nvidia/gpus"; }
   echo "  job: ls /proc/driver/nvidia/gpus: $(tr '\n' ' ' <<< "$s")"
   [ "$(grep -cE '^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$' <<< "$s")" = 4 ] || fail "the job does not see 4 GPUs"
