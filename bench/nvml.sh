@@ -1,7 +1,8 @@
 #!/bin/bash
 # libnvidia-ml.so.1 benchmark: CPU time of nvmlInit to the first device name (the whole tree read
 # and parsed; target <= 1 ms) and of one getter on a cached handle (target <= 1 us), for gb300 and
-# h100 trees the agent renders onto the two-socket fixture host. A fresh process per round.
+# h100 trees the agent renders onto the two-socket fixture host, and the resident memory (VmRSS)
+# the library adds once loaded and once it has read the tree. A fresh process per round.
 # Usage: bench/nvml.sh [ROUNDS]  (env: N = getter calls per round, default 1000000)
 # Output goes to stdout and bench/out/nvml.txt.
 set -euo pipefail

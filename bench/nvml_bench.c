@@ -1,7 +1,8 @@
 /*
  * libnvidia-ml.so.1 benchmark: CPU time (user + system, CLOCK_PROCESS_CPUTIME_ID) of nvmlInit
  * through the first device name (a fresh process each run: the tree is read at init), and of one
- * getter on a cached handle (nvmlDeviceGetMemoryInfo, averaged over N calls).
+ * getter on a cached handle (nvmlDeviceGetMemoryInfo, averaged over N calls); and the resident
+ * memory (VmRSS) the library adds: loaded, then with the tree read.
  * usage: nvml_bench N   (MOCKFS_ROOT names the tree; the library is found by its SONAME)
  */
 #define _GNU_SOURCE
@@ -19,10 +20,26 @@ static double cpu_ns(void)
     return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
+/* VmRSS of this process, KiB */
+static long rss_kib(void)
+{
+    char line[128];
+    long kib = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib;
+}
+
 int main(int argc, char **argv)
 {
     long n = argc > 1 ? atol(argv[1]) : 1000000;
+    long rss0 = rss_kib();
     void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    long rss1 = rss_kib();
     if (!lib) {
         fprintf(stderr, "%s\n", dlerror());
         return 1;
@@ -39,12 +56,14 @@ int main(int argc, char **argv)
         return 1;
     }
     double t1 = cpu_ns();
+    long rss2 = rss_kib();
     memory_t m;
     for (long i = 0; i < n; i++)
         if (memory(dev, &m))
             return 1;
     double t2 = cpu_ns();
-    printf("%s: init to first name %.0f us CPU; nvmlDeviceGetMemoryInfo %.1f ns CPU per call\n", buf,
-           (t1 - t0) / 1e3, (t2 - t1) / n);
+    printf("%s: init to first name %.0f us CPU; nvmlDeviceGetMemoryInfo %.1f ns CPU per call; "
+           "resident +%ld KiB loaded, +%ld KiB initialised\n",
+           buf, (t1 - t0) / 1e3, (t2 - t1) / n, rss1 - rss0, rss2 - rss0);
     return 0;
 }
