@@ -377,19 +377,21 @@ scenario_consumers() {
 
 gpu_count_in() { cexec "$1" sh -c 'ls /proc/driver/nvidia/gpus | wc -l'; }
 
+gpus_in_slurmd_are() { [ "$(gpu_count_in slurmd)" = "$1" ]; }
+# reader_reads_since <ms since the epoch> <n>: the container's reader has logged n reads since then
+reader_reads_since() { [ "$(cexec slurmd awk -v t="$1" '$1 > t' /tmp/reader.log | wc -l)" -ge "$2" ]; }
+
 scenario_live_change() {
   [ -s "$ST/slurmd.env" ] || fail "needs the slurmd container of seed-verification"
   local pid0 t; pid0=$(ctr slurmd PID)
   [ "$(gpu_count_in slurmd)" = 4 ] || fail "want 4 GPUs before the change"
   t=$(date +%s%N); write_profile 2
-  for _ in $(seq 300); do [ "$(gpu_count_in slurmd)" = 2 ] && break; sleep 0.1; done
-  [ "$(gpu_count_in slurmd)" = 2 ] || fail "the container still sees $(gpu_count_in slurmd) GPUs 30 s after the change"
+  wait_for 30 "the container to see 2 GPUs" gpus_in_slurmd_are 2 || fail "the container still sees $(gpu_count_in slurmd) GPUs 30 s after the change"
   timing live-change-4-to-2 "$(ms "$t") ms"
   [ "$(cexec slurmd lspci -d 10de: | grep -c .)" = 2 ] || fail "lspci does not follow the change"
   alive "$pid0" || fail "the container was restarted"
   t=$(date +%s%N); write_profile 4
-  for _ in $(seq 300); do [ "$(gpu_count_in slurmd)" = 4 ] && break; sleep 0.1; done
-  [ "$(gpu_count_in slurmd)" = 4 ] || fail "the container does not see 4 GPUs again"
+  wait_for 30 "the container to see 4 GPUs again" gpus_in_slurmd_are 4 || fail "the container does not see 4 GPUs again"
   timing live-change-2-to-4 "$(ms "$t") ms"
 }
 
@@ -410,7 +412,7 @@ scenario_agent_restart() {
   cexec slurmd sh -c 'rm -f /tmp/reader.log; (while :; do
       if cat /proc/driver/nvidia/gpus/*/information > /dev/null 2>&1; then r=ok; else r=fail; fi
       echo "$(date +%s%3N) $r"; sleep 0.02; done > /tmp/reader.log 2>&1 < /dev/null & echo $! > /tmp/reader.pid)'
-  sleep 1
+  wait_for 10 "the reader's first reads" reader_reads_since 0 10 || fail "the reader logged no reads"
   cexec slurmd grep -q ' ok$' /tmp/reader.log || fail "the reader cannot read the driver files before the restart"
   ! cexec slurmd grep -q ' fail$' /tmp/reader.log || fail "the reader failed before the restart"
   grep -q 'started a keeper' "$LOGS/agent.log" || fail "the agent serves without a keeper"
@@ -431,7 +433,8 @@ scenario_agent_restart() {
     # (a process killed while it waits for a FUSE reply cannot exit until one comes)
     wait_for 10 "the agent stopped with SIG$sig to exit" gone "$old" || fail "the agent stopped with SIG$sig (pid $old) did not exit"
   done
-  sleep 0.5
+  # reads after the last restart too
+  wait_for 10 "the reader's reads after the restarts" reader_reads_since "$(date +%s%3N)" 10 || fail "the reader stopped after the restarts"
   cexec slurmd sh -c 'kill $(cat /tmp/reader.pid)'
   cri exec "$(ctr slurmd CTR)" -- cat /tmp/reader.log > "$LOGS/reader.log"
   alive "$pid0" || fail "the slurmd container was restarted"
@@ -455,6 +458,9 @@ scenario_agent_surge() {
   start_agent
   wait_for 30 "the second agent registered with the runtime" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
   wait_for 10 "the second agent to join the keeper" agent_logged "$l0" 'connected to the running keeper' || { tail -20 "$LOGS/agent.log"; exit 1; }
+  # its plugin registers before its own mount is ready and refuses GPU containers until then
+  # (fail closed: the kubelet retries), so the creation below waits for it to be ready
+  wait_for 10 "the second agent to be ready" agent_logged "$l0" 'serve: ready' || { tail -20 "$LOGS/agent.log"; exit 1; }
   alive "$old" || fail "the first agent stopped when the second started"
   ctr_up surge --pod surge-0 --name main --device /dev/null:/dev/nvidia1 -- /bin/sleep 3600
   assert_injected surge 1
@@ -489,6 +495,8 @@ scenario_runtime_restart() {
 LAT_WARMUP=2                         # unmeasured creations before each round's LAT_N
 LAT_MAX_RATIO=${LAT_MAX_RATIO:-3}    # bound on median(plugin on) / median(plugin off)
 AGENT_METRICS=http://127.0.0.1:9464/metrics   # the agent's default --listen, in the node
+
+nri_closed_since() { tail -n +"$(( $1 + 1 ))" "$LOGS/containerd.log" | matches -F 'mockgpu\" closed'; }  # nri_closed_since <line count>
 
 latency_round() {  # latency_round <file> <mgtb-cri create-latency args...>: append raw samples to file
   cri create-latency -n "$LAT_N" --warmup "$LAT_WARMUP" --raw "${@:2}" | sed -n 's/^sample_ms //p' >> "$1"
@@ -532,9 +540,9 @@ scenario_latency() {
   for _ in 1 2; do
     latency_round_on "$L.gpu-on" 1 --pod lat-gpu --env NVIDIA_VISIBLE_DEVICES=all
     latency_round_on "$L.plain-on" 0 --pod lat-plain
-    stop_kinds TERM agent
+    n0=$(nri_lines); stop_kinds TERM agent
     ! alive "$(cat "$ST/agent.pid")" || fail "the agent survived SIGTERM; the plugin-off rounds would not be"
-    sleep 0.5
+    wait_for 10 "the runtime to drop the plugin" nri_closed_since "$n0" || fail "containerd did not log the plugin's connection closed"
     latency_round "$L.gpu-off" --pod lat-gpu --env NVIDIA_VISIBLE_DEVICES=all
     latency_round "$L.plain-off" --pod lat-plain
     n0=$(nri_lines); start_agent
