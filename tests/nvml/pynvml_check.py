@@ -18,6 +18,18 @@ import pynvml as nv
 ROOT = os.environ["MOCKFS_ROOT"]
 
 
+class Checks:
+    """Counts the comparisons; the first mismatch ends the program, naming it."""
+
+    def __init__(self, program, source):
+        self.program, self.source, self.count = program, source, 0
+
+    def same(self, what, got, want):
+        self.count += 1
+        if got != want:
+            sys.exit(f"{self.program}: {what}: {self.source} says {got!r}, expected {want!r}")
+
+
 def kv(path):
     """`Key: value` lines of a served file."""
     with open(os.path.join(ROOT, path)) as f:
@@ -68,13 +80,8 @@ def main():
     if len(args) != 1:
         sys.exit("usage: pynvml_check.py [--without-fabric] PROFILE.yaml")
     prof = profile(args[0])
-    checks = 0
-
-    def same(what, got, want):
-        nonlocal checks
-        checks += 1
-        if got != want:
-            sys.exit(f"pynvml_check: {what}: NVML says {got!r}, expected {want!r}")
+    checks = Checks("pynvml_check", "NVML")
+    same = checks.same
 
     nv.nvmlInit()
     with open(os.path.join(ROOT, "proc/driver/nvidia/version")) as f:
@@ -147,10 +154,10 @@ def main():
         nv.nvmlDeviceGetEncoderUtilization(by_bus[buses[0]])
         sys.exit("pynvml_check: an unimplemented function succeeded")
     except nv.NVMLError_NotSupported:
-        checks += 1
+        checks.count += 1
     nv.nvmlShutdown()
     left_out = "" if fabric_info else " (fabric info left out)"
-    print(f"pynvml_check: {prof['name']}: {len(buses)} GPUs, {checks} values match{left_out}")
+    print(f"pynvml_check: {prof['name']}: {len(buses)} GPUs, {checks.count} values match{left_out}")
 
 
 if __name__ == "__main__":

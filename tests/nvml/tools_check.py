@@ -14,7 +14,7 @@ import sys
 
 import nvitop
 
-from pynvml_check import gpus, kv, profile
+from pynvml_check import Checks, gpus, kv, profile
 
 BIN = os.path.dirname(sys.executable)
 BUS_ID = r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]"
@@ -34,13 +34,8 @@ def main():
     if len(sys.argv) != 2:
         sys.exit("usage: tools_check.py PROFILE.yaml")
     prof = profile(sys.argv[1])
-    checks = 0
-
-    def same(what, got, want):
-        nonlocal checks
-        checks += 1
-        if got != want:
-            sys.exit(f"tools_check: {what}: the tool says {got!r}, expected {want!r}")
+    checks = Checks("tools_check", "the tool")
+    same = checks.same
 
     count = int(prof["gpus"])
     buses = gpus()
@@ -83,7 +78,7 @@ def main():
          [(str(index), bus_id) for index, bus_id in enumerate(bus_ids)])
     for row in rows:
         same("nvitop --once: memory", cells[row + 1][2], f"0B / {nvitop.bytes2human(total)}")
-    print(f"tools_check: {prof['name']}: {count} GPUs, {checks} values match")
+    print(f"tools_check: {prof['name']}: {count} GPUs, {checks.count} values match")
 
 
 if __name__ == "__main__":
