@@ -332,7 +332,7 @@ fn doctor_names_exactly_what_is_broken() {
         expect(
             &node,
             health,
-            &[("nvml", "cannot run", "restart the agent")],
+            &[("nvml", "is missing", "restart the agent")],
             &[],
         );
         fs::write(&smi, program).unwrap();

@@ -1,12 +1,16 @@
-//! The built library loads on glibc 2.17 with only libc, is named `libnvidia-ml.so.1`, and
-//! exports exactly the functions `nvml.h` declares (`nvml-h-functions.txt`, generated from the
-//! header as `src/stubs.rs` says).
+//! The built library loads on glibc 2.17 with only libc (and what `common/elf.rs` allows on this
+//! architecture), is named `libnvidia-ml.so.1`, is built for the machine under test, and exports
+//! exactly the functions `nvml.h` declares (`nvml-h-functions.txt`, generated from the header as
+//! `src/stubs.rs` says).
 
 mod common;
 
 use std::collections::BTreeSet;
 
-use common::elf::{assert_needs_nothing_newer_than_glibc_2_17, dynamic_symbols, sections};
+use common::elf::{
+    assert_imports_only, assert_is_for_this_machine, assert_needs_nothing_newer_than_glibc_2_17,
+    exported,
+};
 
 #[test]
 fn needs_nothing_newer_than_glibc_2_17() {
@@ -25,18 +29,15 @@ fn links_with_libc_std_as_in_a_workspace_build() {
 
 #[test]
 fn exports_exactly_the_header_functions() {
-    let elf = std::fs::read(common::library_path()).unwrap();
-    let defined: BTreeSet<String> = dynamic_symbols(&elf, &sections(&elf))
-        .into_iter()
-        .filter(|(_, d)| *d)
-        .map(|(n, _)| n)
-        .collect();
     let header: BTreeSet<String> = include_str!("nvml-h-functions.txt")
         .lines()
         .map(String::from)
         .collect();
     assert_eq!(header.len(), 347);
-    assert_eq!(defined, header);
+    assert_eq!(
+        exported(&std::fs::read(common::library_path()).unwrap()),
+        header
+    );
 }
 
 #[test]
@@ -46,34 +47,19 @@ fn its_soname_is_libnvidia_ml_so_1() {
     assert!(elf.windows(needle.len()).any(|w| w == needle));
 }
 
-/// Only libc functions are imported: a program without libgcc_s (a C program, Python) could not
-/// resolve anything else, and this test binary, which has it, would not notice.
+/// Only libc functions are imported: besides what both libraries import, the allocator's.
 #[test]
 fn imports_only_libc() {
-    let elf = std::fs::read(common::library_path()).unwrap();
-    let allowed = [
-        "secure_getenv",
-        "syscall",
-        "__errno_location",
-        "abort",
-        "malloc",
-        "free",
-        "posix_memalign",
-        "strlen",
-        "memcpy",
-        "memmove",
-        "memset",
-        "memcmp",
-        "bcmp",
-        "__cxa_finalize",
-        "__gmon_start__",
-        "_ITM_deregisterTMCloneTable",
-        "_ITM_registerTMCloneTable",
-    ];
-    for (name, _) in dynamic_symbols(&elf, &sections(&elf))
-        .into_iter()
-        .filter(|(_, defined)| !defined)
-    {
-        assert!(allowed.contains(&name.as_str()), "unexpected import {name}");
-    }
+    assert_imports_only(
+        &std::fs::read(common::library_path()).unwrap(),
+        &["malloc", "free", "posix_memalign"],
+    );
+}
+
+#[test]
+fn is_built_for_the_target_under_test() {
+    assert_is_for_this_machine(
+        &std::fs::read(common::library_path()).unwrap(),
+        common::TARGET,
+    );
 }

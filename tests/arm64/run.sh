@@ -143,10 +143,7 @@ phase_roots() {
 # calls and their structures, the FUSE protocol, ELF and symbol versions, the NVML ABI, the device
 # numbers and paths an architecture gets). The controller's, the health endpoint's and the test bed client's
 # tests are plain Rust over the network and run on x86_64 only (docs/testing.md).
-# The NVML library's own tests are not among them yet: on aarch64 its ELF checks fail (the library
-# imports getauxval and depends on ld-linux-aarch64.so.1, which the checks, written on x86_64, do
-# not allow); the agent's exec tests run nvidia-smi over it there.
-ARCH_TEST_PKGS="-p mockfs-shim -p mockgpu-agent -p mockgpu-api -p mockgpu-nri"
+ARCH_TEST_PKGS="-p mockfs-shim -p mockgpu-agent -p mockgpu-api -p mockgpu-nri -p mockgpu-nvml"
 HOST_CARGO_HOME=${CARGO_HOME:-$HOME/.cargo}   # its registry cache is shared (cargo locks it)
 # the aarch64 target directory: a cache beside the roots (a fresh clone rebuilds only its own
 # crates), seen at the same path in both roots
@@ -235,8 +232,6 @@ e_machine() { od -An -j18 -N2 -tu2 "$1" | tr -d ' '; }   # 62: x86-64, 183: aarc
 # The kernel refuses mknod of a character device there (it asks for CAP_MKNOD of the initial
 # namespace), so the namespace runs under mknod-supervisor, which makes such nodes for its
 # processes from outside (real root): the device plugin's and render's nodes.
-# A third, doctor's, is left out too: under qemu its nvml check's `nvidia-smi -L` ends with no
-# output (not yet diagnosed; exec's nvidia-smi tests pass there).
 # Two tests are left out by name (printed with every run); they run natively on x86_64. Both run
 # the agent as an ordinary user who mounts through the set-user-ID fusermount3 and a /dev/fuse
 # of the test's own: a device node on a file system mounted inside a user namespace (the tests'
@@ -245,8 +240,7 @@ e_machine() { od -An -j18 -N2 -tu2 "$1" | tr -d ' '; }   # 62: x86-64, 183: aarc
 # C as well, the first test hangs after the mount under qemu, and the second fails in a user
 # namespace even natively (the command outlives the SIGKILLed agent). Not pursued further.
 EMULATION_SKIP="exec:an_ordinary_user_gets_an_owner_only_fuse_mount_through_fusermount3
-exec:sigkill_of_an_ordinary_users_agent_leaves_no_fuse_mount
-doctor:doctor_names_exactly_what_is_broken"
+exec:sigkill_of_an_ordinary_users_agent_leaves_no_fuse_mount"
 
 test_list() {  # test_list [NAME...]: "<package dir> <executable>" of every test binary of the
   # last build, or of those named (the executable's name without its hash)

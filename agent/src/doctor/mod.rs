@@ -422,7 +422,7 @@ fn shim<N: Node>(node: &N, opts: &Options, facts: &Facts) -> Check {
     // With MOCKFS_DEBUG=1 a loaded shim always notes its configuration; the loader's complaints
     // (wrong architecture, a missing GLIBC_* version) come instead.
     let noted = run.stderr.lines().any(|l| l.starts_with("mockfs: "));
-    if run.success && noted {
+    if run.status.success() && noted {
         return Check::ok(
             NAME,
             format!(
@@ -476,6 +476,16 @@ fn nvml<N: Node>(node: &N, opts: &Options, facts: &Facts, tree_answers: bool) ->
     };
     let (smi, lib) = (layout.nvidia_smi(), layout.nvml());
     let reinstall = "restart the agent: it installs the NVML and nvidia-smi at start";
+    // Looked up first rather than told by the failed start: under qemu-user (an arm64 image on
+    // an x86_64 node) glibc's posix_spawn cannot report an exec failure, and the child ends
+    // with status 127 and no output.
+    if let Err(e) = node.lookup(&smi) {
+        return Check::fail(
+            NAME,
+            format!("nvidia-smi {} is missing: {e}", smi.display()),
+            reinstall,
+        );
+    }
     let run = match node.nvidia_smi(&smi, &layout.lib_dir(), &layout.mount_point()) {
         Ok(run) => run,
         Err(e) => {
@@ -486,21 +496,16 @@ fn nvml<N: Node>(node: &N, opts: &Options, facts: &Facts, tree_answers: bool) ->
             );
         }
     };
-    if !run.success {
+    if !run.status.success() {
         let said = run
             .stderr
             .lines()
             .chain(run.stdout.lines())
             .find(|l| !l.trim().is_empty())
-            .unwrap_or("no output");
+            .map_or_else(|| format!("no output, {}", run.status), |l| l.trim().into());
         return Check::fail(
             NAME,
-            format!(
-                "{} -L with {} fails: {}",
-                smi.display(),
-                lib.display(),
-                said.trim()
-            ),
+            format!("{} -L with {} fails: {said}", smi.display(), lib.display()),
             format!(
                 "{reinstall}; the NVML and nvidia-smi need glibc 2.17 or later and the agent's \
                  architecture: install the agent image built for this node"

@@ -7,7 +7,7 @@ use std::io::{self, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -48,8 +48,8 @@ pub enum RealDriver {
 /// How a program the doctor ran ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ran {
-    /// Whether it exited with status 0.
-    pub success: bool,
+    /// Its exit status.
+    pub status: ExitStatus,
     /// What it wrote to stdout.
     pub stdout: String,
     /// What it wrote to stderr (the dynamic loader's complaints, the shim's notes).
@@ -257,7 +257,7 @@ fn ran(mut command: Command) -> io::Result<Ran> {
     bounded(&program, move || {
         let out = command.output()?;
         Ok(Ran {
-            success: out.status.success(),
+            status: out.status,
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         })

@@ -1,6 +1,8 @@
 //! Each check's logic against a fake node: a healthy one, then one thing broken at a time.
 
 use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -25,8 +27,8 @@ struct FakeNode {
     files: BTreeMap<PathBuf, Vec<u8>>,
     sockets: Vec<PathBuf>,
     preload: Ran,
-    /// What `nvidia-smi -L` does.
-    smi: Ran,
+    /// What `nvidia-smi -L` does, or the errno its start fails with.
+    smi: Result<Ran, i32>,
     /// The names in each listed directory.
     dirs: BTreeMap<PathBuf, Vec<String>>,
     http: BTreeMap<&'static str, HttpReply>,
@@ -81,8 +83,7 @@ impl Node for FakeNode {
                 Path::new("/run/mockgpu/fs")
             )
         );
-        self.lookup(nvidia_smi)?;
-        Ok(self.smi.clone())
+        self.smi.clone().map_err(errno)
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -211,17 +212,17 @@ fn healthy() -> FakeNode {
             DP_SOCKET.into(),
         ],
         preload: Ran {
-            success: true,
+            status: ExitStatus::from_raw(0),
             stdout: String::new(),
             stderr: "mockfs: mock root /run/mockgpu/fs\nmockfs: prefix /proc/driver/nvidia\n".into(),
         },
-        smi: Ran {
-            success: true,
+        smi: Ok(Ran {
+            status: ExitStatus::from_raw(0),
             stdout: (0..4)
                 .map(|i| format!("GPU {i}: NVIDIA GB300 (UUID: GPU-{i}0000000-0000-0000-0000-000000000000)\n"))
                 .collect(),
             stderr: String::new(),
-        },
+        }),
         dirs: [(
             PathBuf::from(GPUS_DIR),
             (0..4).map(|i| format!("0000:0{i}:00.0")).collect(),
@@ -388,7 +389,7 @@ fn a_missing_shim_or_preload_file_fails() {
 fn a_shim_the_loader_refuses_fails_with_its_words() {
     let mut node = healthy();
     node.preload = Ran {
-        success: false,
+        status: ExitStatus::from_raw(127 << 8),
         stdout: String::new(),
         stderr: "/bin/true: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.99' not found (required by /run/mockgpu/lib/libmockfs.so)\n".into(),
     };
@@ -400,7 +401,7 @@ fn a_shim_the_loader_refuses_fails_with_its_words() {
     );
     // ld.so ignores an unloadable preload and runs the program anyway.
     node.preload = Ran {
-        success: true,
+        status: ExitStatus::from_raw(0),
         stdout: String::new(),
         stderr: "ERROR: ld.so: object '/run/mockgpu/lib/libmockfs.so' from LD_PRELOAD cannot be preloaded (invalid ELF header): ignored.\n".into(),
     };
@@ -426,34 +427,63 @@ fn nvidia_smi_must_list_the_served_gpus_through_the_nvml() {
     only_fails(
         &node,
         "nvml",
-        "cannot run /run/mockgpu/bin/nvidia-smi -L",
+        "nvidia-smi /run/mockgpu/bin/nvidia-smi is missing",
+        "restart the agent: it installs the NVML and nvidia-smi",
+    );
+    let mut node = healthy();
+    node.smi = Err(libc::EACCES);
+    only_fails(
+        &node,
+        "nvml",
+        "cannot run /run/mockgpu/bin/nvidia-smi -L: Permission denied",
         "restart the agent: it installs the NVML and nvidia-smi",
     );
     // what nvidia-smi says when the loader does not find the library
     let mut node = healthy();
-    node.smi = Ran {
-        success: false,
-        stdout: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
-            .into(),
-        stderr: String::new(),
+    let failed = |stdout: &str, stderr: &str, status: i32| {
+        Ok(Ran {
+            status: ExitStatus::from_raw(status),
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+        })
     };
+    node.smi = failed(
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n",
+        "",
+        9 << 8,
+    );
     only_fails(
         &node,
         "nvml",
         "-L with /run/mockgpu/lib/libnvidia-ml.so.1 fails: NVIDIA-SMI has failed",
         "glibc 2.17 or later",
     );
-    node.smi.stderr = "nvidia-smi: version `GLIBC_2.99' not found\n".into();
+    node.smi = failed("", "nvidia-smi: version `GLIBC_2.99' not found\n", 1 << 8);
     only_fails(
         &node,
         "nvml",
         "fails: nvidia-smi: version `GLIBC_2.99'",
         "architecture",
     );
+    // nothing said: the exit status, or the signal, is all there is
+    node.smi = failed("", "\n", 127 << 8);
+    only_fails(
+        &node,
+        "nvml",
+        "fails: no output, exit status: 127",
+        "architecture",
+    );
+    node.smi = failed("", "", libc::SIGSEGV);
+    only_fails(
+        &node,
+        "nvml",
+        "fails: no output, signal: 11 (SIGSEGV)",
+        "architecture",
+    );
     // a library that disagrees with the tree
     let mut node = healthy();
-    node.smi.stdout = node
-        .smi
+    let smi = node.smi.as_mut().unwrap();
+    smi.stdout = smi
         .stdout
         .lines()
         .take(2)

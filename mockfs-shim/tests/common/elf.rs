@@ -1,6 +1,9 @@
-//! Reading a shared library's ELF dynamic section: the symbol versions it needs and its dynamic
-//! symbols. Shared by the shim's tests and the NVML library's (`nvml/tests`, through `#[path]`).
+//! Reading a shared library's ELF dynamic section (the libraries and symbol versions it needs,
+//! its dynamic symbols) and the limits both of ours keep, per architecture. Shared by the shim's
+//! tests and the NVML library's (`nvml/tests`, through `#[path]`).
 #![allow(dead_code)] // each test binary uses a different subset
+
+use std::collections::BTreeSet;
 
 pub fn u16_at(b: &[u8], at: usize) -> usize {
     u16::from_le_bytes(b[at..at + 2].try_into().unwrap()) as usize
@@ -94,9 +97,104 @@ pub fn parse_version(v: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Asserts that the library needs only libc and libdl, at GLIBC_2.17 or older.
+/// The shared libraries ours may depend on (`DT_NEEDED`, `.gnu.version_r`), each with why.
+pub const LIBRARIES: &[&str] = &[
+    // everything they import
+    "libc.so.6",
+    // linked by the libc crate (dlsym's home before glibc 2.34); nothing binds to it
+    "libdl.so.2",
+    // aarch64 glibc defines the stack protector's guard in the dynamic loader (see
+    // `TOOLCHAIN_IMPORTS`)
+    #[cfg(target_arch = "aarch64")]
+    "ld-linux-aarch64.so.1",
+];
+
+/// What both libraries may import, each with why.
+const COMMON_IMPORTS: &[&str] = &[
+    // the system calls, errno, environment and panic of both libraries' own `sys.rs`
+    "secure_getenv",
+    "syscall",
+    "__errno_location",
+    "abort",
+    // core's memory and string functions
+    "strlen",
+    "memcpy",
+    "memmove",
+    "memset",
+    "memcmp",
+    "bcmp",
+    // the C runtime's start and end files of a shared object
+    "__cxa_finalize",
+    "__gmon_start__",
+    "_ITM_deregisterTMCloneTable",
+    "_ITM_registerTMCloneTable",
+];
+
+/// What the target's precompiled `compiler_builtins` brings in, each with why.
+const TOOLCHAIN_IMPORTS: &[&str] = &[
+    // aarch64's outline atomics (an atomic read-modify-write calls `__aarch64_cas*`): compiler-rt's
+    // constructor reads AT_HWCAP to choose LSE instructions or exclusive loads and stores
+    #[cfg(target_arch = "aarch64")]
+    "getauxval",
+    // that C code as Debian compiles it, with -fstack-protector-strong
+    #[cfg(target_arch = "aarch64")]
+    "__stack_chk_fail",
+    #[cfg(target_arch = "aarch64")]
+    "__stack_chk_guard",
+];
+
+/// The names the library exports (defined global or weak dynamic symbols).
+pub fn exported(elf: &[u8]) -> BTreeSet<String> {
+    dynamic_symbols(elf, &sections(elf))
+        .into_iter()
+        .filter_map(|(name, defined)| defined.then_some(name))
+        .collect()
+}
+
+/// Asserts that the library imports nothing but [`COMMON_IMPORTS`], [`TOOLCHAIN_IMPORTS`] and
+/// `own`. A program without libgcc_s (a C program, Python) could resolve nothing else, and a
+/// test binary, which has it, would not notice.
+pub fn assert_imports_only(elf: &[u8], own: &[&str]) {
+    let imported = dynamic_symbols(elf, &sections(elf))
+        .into_iter()
+        .filter_map(|(name, defined)| (!defined).then_some(name));
+    for name in imported {
+        assert!(
+            [COMMON_IMPORTS, TOOLCHAIN_IMPORTS, own]
+                .iter()
+                .any(|allowed| allowed.contains(&name.as_str())),
+            "unexpected import {name}"
+        );
+    }
+}
+
+/// The shared libraries the library names in `DT_NEEDED`.
+pub fn needed_libraries(elf: &[u8], secs: &[Section]) -> Vec<String> {
+    const DT_NULL: usize = 0;
+    const DT_NEEDED: usize = 1;
+    let dynamic = secs
+        .iter()
+        .find(|s| s.kind == 6)
+        .expect("a .dynamic section");
+    let strtab = secs[dynamic.link].offset;
+    (0..dynamic.size / 16)
+        .map(|i| dynamic.offset + i * 16)
+        .map(|e| (u64_at(elf, e), u64_at(elf, e + 8)))
+        .take_while(|&(tag, _)| tag != DT_NULL)
+        .filter(|&(tag, _)| tag == DT_NEEDED)
+        .map(|(_, name)| c_str(elf, strtab + name))
+        .collect()
+}
+
+/// Asserts that the library depends on nothing but [`LIBRARIES`], at GLIBC_2.17 or older.
 pub fn assert_needs_nothing_newer_than_glibc_2_17(elf: &[u8]) {
     let secs = sections(elf);
+    for file in needed_libraries(elf, &secs) {
+        assert!(
+            LIBRARIES.contains(&file.as_str()),
+            "unexpected dependency {file}"
+        );
+    }
     let needed = needed_versions(elf, &secs);
     assert!(
         needed.iter().any(|(_, v)| v.starts_with("GLIBC_")),
@@ -104,7 +202,7 @@ pub fn assert_needs_nothing_newer_than_glibc_2_17(elf: &[u8]) {
     );
     for (file, version) in &needed {
         assert!(
-            ["libc.so.6", "libdl.so.2"].contains(&file.as_str()),
+            LIBRARIES.contains(&file.as_str()),
             "unexpected dependency {file} ({version})"
         );
         assert!(version.starts_with("GLIBC_"), "{file}: {version}");
@@ -113,4 +211,11 @@ pub fn assert_needs_nothing_newer_than_glibc_2_17(elf: &[u8]) {
             "{file} needs {version}"
         );
     }
+}
+
+/// Asserts that the library is one for the machine these tests run on (the same ELF
+/// `e_machine` as this test binary): a cross test run never tests a host library.
+pub fn assert_is_for_this_machine(elf: &[u8], target: &str) {
+    let this = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    assert_eq!(u16_at(elf, 0x12), u16_at(&this, 0x12), "{target}");
 }
