@@ -1,9 +1,13 @@
-//! Agent restarts under a reader, through the keeper: 100 restarts (SIGTERM and SIGKILL in
-//! turn, the successor started at once) while a reader loops over a lookup that always reaches
-//! the agent and the GPUs' `information` files. Prints the read rounds completed during each
-//! handover (from the signal to the successor serving) and the longest round overlapping it
-//! (median and max over the 100), and what the relay costs a request: the same lookup through a
-//! keeper and on an agent's own mount, in alternating runs.
+//! Agent restarts under a reader, through the keeper, on both data paths (agents reading the
+//! device, and the keeper's relay): 100 restarts each (SIGTERM and SIGKILL in turn, the
+//! successor started at once) while a reader loops over a lookup that always reaches the agent
+//! and the GPUs' `information` files. Prints the read rounds completed during each handover
+//! (from the signal to the successor serving) and the longest round overlapping it (median and
+//! max over the 100). Before that, what a request costs on an agent's own mount and through a
+//! keeper on each path, in alternating runs: the wall time of an uncached lookup, and the CPU
+//! time summed over every process of the agent (agent and keeper, from
+//! `/proc/<pid>/task/*/schedstat`) of that lookup and of a cold open+read+close of an
+//! `information` file (after `drop_caches`).
 //!
 //! Run as root (FUSE mounts; a private mount namespace):
 //! `cargo bench -p mockgpu-agent --bench handover`.
@@ -22,6 +26,7 @@ const PROBE: &str = ".mockgpu-liveness-probe";
 const HANDOVERS: usize = 100;
 const RUNS: usize = 5;
 const LOOKUPS: usize = 2000;
+const COLD_READS: usize = 30;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -92,14 +97,65 @@ fn read_round(mnt: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn lookups(mnt: &Path) -> Duration {
+/// CPU time the threads of processes `pids` have spent so far (the first field of
+/// `/proc/<pid>/task/*/schedstat`).
+fn cpu(pids: &[i32]) -> Duration {
+    let mut ns = 0;
+    for pid in pids {
+        for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+            let sched = fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+            ns += sched
+                .split_whitespace()
+                .next()
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Duration::from_nanos(ns)
+}
+
+/// The median wall time of an uncached lookup, and the CPU time of `pids` per lookup.
+fn lookups(mnt: &Path, pids: &[i32]) -> (Duration, Duration) {
     let mut t = Vec::with_capacity(LOOKUPS);
+    let before = cpu(pids);
     for _ in 0..LOOKUPS {
         let s = Instant::now();
         probe(mnt);
         t.push(s.elapsed());
     }
+    (median(t), (cpu(pids) - before) / LOOKUPS as u32)
+}
+
+/// The median CPU time of `pids` for one cold open+read+close of an `information` file.
+fn cold_reads(mnt: &Path, pids: &[i32]) -> Duration {
+    let gpus = mnt.join("proc/driver/nvidia/gpus");
+    let first = fs::read_dir(&gpus).unwrap().next().unwrap().unwrap();
+    let info = first.path().join("information");
+    let mut t = Vec::with_capacity(COLD_READS);
+    for _ in 0..COLD_READS {
+        fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+        let before = cpu(pids);
+        fs::read(&info).unwrap();
+        t.push(cpu(pids) - before);
+    }
     median(t)
+}
+
+/// The started keeper's pid, from the log of the agent that started it.
+fn keeper_of(log: &str) -> i32 {
+    log.split_once("started a keeper pid=")
+        .and_then(|(_, r)| r.split_whitespace().next()?.parse().ok())
+        .expect("the agent started a keeper")
+}
+
+/// `v`'s range in microseconds.
+fn range(v: &[Duration]) -> String {
+    let us = |d: &Duration| d.as_secs_f64() * 1e6;
+    let (lo, hi) = v
+        .iter()
+        .map(us)
+        .fold((f64::MAX, 0f64), |(l, h), x| (l.min(x), h.max(x)));
+    format!("{lo:.1}-{hi:.1} us")
 }
 
 fn main() {
@@ -130,43 +186,64 @@ fn run() {
     )
     .unwrap();
 
-    // What the relay costs: one request through the keeper and on the agent's own mount.
-    let (mut direct, log) = bench.agent("direct", "off");
-    wait_ready(&log);
-    let (mut agent, log) = bench.agent("relay", "auto");
-    let text = wait_ready(&log);
-    let keeper: i32 = text
-        .split_once("started a keeper pid=")
-        .and_then(|(_, r)| r.split_whitespace().next()?.parse().ok())
-        .expect("the agent started a keeper");
-    let (dmnt, rmnt) = (bench.dir.join("direct/fs"), bench.dir.join("relay/fs"));
-    let (mut ratios, mut d_med, mut r_med) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..RUNS {
-        let d = lookups(&dmnt);
-        let r = lookups(&rmnt);
-        ratios.push(r.as_secs_f64() / d.as_secs_f64());
-        d_med.push(d);
-        r_med.push(r);
+    // What a request costs: on an agent's own mount, and through a keeper on each path.
+    let mut paths = Vec::new();
+    for (name, keeper) in [("own", "off"), ("direct", "auto"), ("relay", "relay")] {
+        let (child, log) = bench.agent(name, keeper);
+        let text = wait_ready(&log);
+        let mut pids = vec![child.id() as i32];
+        if keeper != "off" {
+            pids.push(keeper_of(&text));
+        }
+        paths.push((name, child, pids));
     }
-    let _ = direct.kill();
-    let _ = direct.wait();
-    let range = |v: &[Duration]| {
-        let us = |d: &Duration| d.as_secs_f64() * 1e6;
-        let (lo, hi) = v
-            .iter()
-            .map(us)
-            .fold((f64::MAX, 0f64), |(l, h), x| (l.min(x), h.max(x)));
-        format!("{lo:.0}-{hi:.0} us")
-    };
-    let (rlo, rhi) = ratios
-        .iter()
-        .fold((f64::MAX, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
-    println!(
-        "one request (uncached lookup), median per run over {RUNS} runs of {LOOKUPS}: own mount {}, through the keeper {}, ratio {rlo:.2}-{rhi:.2}",
-        range(&d_med),
-        range(&r_med)
-    );
+    // per path: lookup wall medians, CPU per lookup, cold-read CPU medians (one per run)
+    let mut seen = vec![(Vec::new(), Vec::new(), Vec::new()); paths.len()];
+    for _ in 0..RUNS {
+        for ((name, _, pids), seen) in paths.iter().zip(&mut seen) {
+            let mnt = bench.dir.join(name).join("fs");
+            let (wall, cpu) = lookups(&mnt, pids);
+            seen.0.push(wall);
+            seen.1.push(cpu);
+            seen.2.push(cold_reads(&mnt, pids));
+        }
+    }
+    for ((name, _, _), (wall, cpu, cold)) in paths.iter().zip(&seen) {
+        println!(
+            "{name:>6}: uncached lookup wall {} (median per run, {RUNS} runs of {LOOKUPS}), CPU {} per lookup; cold open+read+close of an information file, CPU {} (median per run of {COLD_READS}), summed over the agent's processes",
+            range(wall),
+            range(cpu),
+            range(cold)
+        );
+    }
+    for (_, mut child, pids) in paths {
+        let _ = child.kill();
+        let _ = child.wait();
+        if let Some(&keeper) = pids.get(1) {
+            stop_keeper(keeper);
+        }
+    }
+    for keeper in ["auto", "relay"] {
+        restarts(&mut bench, keeper);
+    }
+}
 
+/// Ends keeper `pid` (it detaches its tree) and waits for it.
+fn stop_keeper(pid: i32) {
+    let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    let start = Instant::now();
+    while fs::metadata(format!("/proc/{pid}")).is_ok() && start.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// 100 restarts under a reader, through a keeper started by `serve --keeper keeper`.
+fn restarts(bench: &mut Bench, keeper_mode: &str) {
+    let run = format!("restarts-{keeper_mode}");
+    let (mut agent, log) = bench.agent(&run, keeper_mode);
+    let keeper = keeper_of(&wait_ready(&log));
+    let rmnt = bench.dir.join(&run).join("fs");
     // 100 restarts under a reader.
     let stop = Arc::new(AtomicBool::new(false));
     let rounds: Arc<Mutex<Vec<(Instant, Duration, bool)>>> = Arc::default();
@@ -189,7 +266,7 @@ fn run() {
         };
         let t0 = Instant::now();
         kill(Pid::from_raw(agent.id() as i32), signal).unwrap();
-        let (next, log) = bench.agent("relay", "auto");
+        let (next, log) = bench.agent(&run, keeper_mode);
         wait_ready(&log);
         windows.push((signal, t0, Instant::now()));
         let _ = agent.wait();
@@ -215,7 +292,7 @@ fn run() {
         served.sort();
         let max_stall = *stalls.iter().max().unwrap();
         println!(
-            "{kind:?} x{}: signal to successor serving median {:?}; read rounds completed meanwhile median {} (min {}, max {}); longest round overlapping a handover median {:?}, max {max_stall:?}",
+            "{keeper_mode}: {kind:?} x{}: signal to successor serving median {:?}; read rounds completed meanwhile median {} (min {}, max {}); longest round overlapping a handover median {:?}, max {max_stall:?}",
             served.len(),
             median(spans),
             served[served.len() / 2],
@@ -224,16 +301,12 @@ fn run() {
             median(stalls)
         );
     }
-    println!("{} read rounds in all, {failed} failed", rounds.len());
+    println!(
+        "{keeper_mode}: {} read rounds in all, {failed} failed",
+        rounds.len()
+    );
     assert_eq!(failed, 0, "reads failed across the restarts");
     let _ = agent.kill();
     let _ = agent.wait();
-    let _ = kill(Pid::from_raw(keeper), Signal::SIGTERM);
-    // The keeper detaches the tree and exits; the namespace goes with it.
-    let start = Instant::now();
-    while fs::metadata(format!("/proc/{keeper}")).is_ok()
-        && start.elapsed() < Duration::from_secs(5)
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    stop_keeper(keeper);
 }

@@ -34,10 +34,13 @@ enum Command {
     Doctor(DoctorArgs),
     /// Hold the driver tree's FUSE connection while agents restart (root only).
     ///
-    /// The keeper mounts /dev/fuse at <dir>/fs and relays every request to the agent connected
-    /// on <dir>-keeper/keeper.sock (beside <dir>, which containers see) and every reply back. When the agent crashes or restarts, the keeper
-    /// stops reading the device, so the kernel queues requests and readers wait; the next agent
-    /// gets what the last one left unanswered. A keeper started while another one runs takes the
+    /// The keeper mounts /dev/fuse at <dir>/fs; agents connect on <dir>-keeper/keeper.sock
+    /// (beside <dir>, which containers see). Where the kernel can resend requests (Linux 6.9 and
+    /// later), each agent gets the device and reads it itself; when one crashes or restarts, the
+    /// keeper asks the kernel to resend what it left unanswered, and the next agent reads it.
+    /// Otherwise (and with --relay) the keeper relays every request to the agent and every reply
+    /// back, and gives what an agent left unanswered to the next one. While no agent is
+    /// connected, the kernel queues requests and readers wait. A keeper started while another one runs takes the
     /// connection over from it (the old one exits without unmounting), so the keeper itself can
     /// be upgraded too. `serve` starts a keeper by itself when none runs; in Kubernetes it is a
     /// native sidecar of the agent's pod. SIGTERM detaches the mount and ends the keeper.
@@ -65,6 +68,9 @@ struct KeeperArgs {
     /// connection back.
     #[arg(long)]
     idle_after_handover: bool,
+    /// Relay every request and reply, even where agents could read the device themselves.
+    #[arg(long)]
+    relay: bool,
 }
 
 /// Whether `serve` uses a keeper.
@@ -72,6 +78,9 @@ struct KeeperArgs {
 enum KeeperMode {
     /// Through the running keeper, starting one when none runs (root only; otherwise off).
     Auto,
+    /// Through a keeper that relays every request (the data path of kernels before 6.9);
+    /// a keeper already running keeps its own.
+    Relay,
     /// Mount /dev/fuse in the agent itself: an agent restart unmounts the tree.
     Off,
 }
@@ -318,6 +327,8 @@ fn run(command: Command) -> Result<()> {
         }
         Command::Keeper(args) => keeper(args)?,
         Command::PinTree(args) => {
+            // `ps` shows the executable's name otherwise: `exe`, for `/proc/self/exe pin-tree`.
+            let _ = nix::sys::prctl::set_name(c"mockgpu-pinner");
             mockgpu_agent::pinner::run(
                 &args.mountpoint,
                 std::io::stdin().lock(),
@@ -359,9 +370,14 @@ fn doctor(args: DoctorArgs) -> Result<bool> {
 }
 
 fn keeper(args: KeeperArgs) -> Result<()> {
-    use mockgpu_agent::keeper::{self, Outcome};
+    use mockgpu_agent::keeper::{self, DataPath, Outcome};
     let layout = mockgpu_api::Layout::new(&args.dir, &args.dir)?;
-    if keeper::run(&layout)? == Outcome::HandedOver && args.idle_after_handover {
+    let path = if args.relay {
+        DataPath::Relay
+    } else {
+        DataPath::Auto
+    };
+    if keeper::run(&layout, path)? == Outcome::HandedOver && args.idle_after_handover {
         // SIGTERM and SIGINT are still blocked (the keeper read them from a signalfd).
         let mut signals = nix::sys::signal::SigSet::empty();
         signals.add(nix::sys::signal::Signal::SIGTERM);
@@ -433,7 +449,11 @@ fn serve(args: ServeArgs) -> Result<()> {
         nri,
         device_plugin,
         report,
-        keeper: args.keeper == KeeperMode::Auto,
+        keeper: match args.keeper {
+            KeeperMode::Auto => Some(mockgpu_agent::keeper::DataPath::Auto),
+            KeeperMode::Relay => Some(mockgpu_agent::keeper::DataPath::Relay),
+            KeeperMode::Off => None,
+        },
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

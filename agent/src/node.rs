@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use mockgpu_api::Layout;
 
+use crate::keeper::DataPath;
 use crate::{carried, mounts};
 
 /// Errors of setting the node up.
@@ -36,10 +37,14 @@ pub enum SetupError {
 /// only) through the keeper, whose connection it returns: the keeper makes the directory shared
 /// and mounts, and a live keeper's mount stays as it is. Otherwise for the agent's own mount: the
 /// directory made a shared mount (as root), a stale mount detached, the mount point created.
-pub(crate) fn set_up(layout: &Layout, keeper: bool) -> Result<Option<OwnedFd>, SetupError> {
+pub(crate) fn set_up(
+    layout: &Layout,
+    keeper: Option<DataPath>,
+) -> Result<Option<OwnedFd>, SetupError> {
     let root = nix::unistd::geteuid().is_root();
-    let relay = (keeper && root)
-        .then(|| crate::keeper::attach(layout))
+    let relay = keeper
+        .filter(|_| root)
+        .map(|path| crate::keeper::attach(layout, path))
         .transpose()?;
     if relay.is_none() {
         prepare_mount_point(layout, root)?;

@@ -17,6 +17,7 @@
 
 use std::io::{self, BufRead, Read, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 
@@ -50,6 +51,7 @@ impl Pinner {
         tree: &Tree,
     ) -> io::Result<(Pinner, Walked)> {
         let mut child = Command::new(program)
+            .arg0("mockgpu-agent")
             .arg("pin-tree")
             .arg(mountpoint)
             .stdin(Stdio::piped())

@@ -93,9 +93,10 @@ pub struct ServeConfig {
     pub device_plugin: Option<device_plugin::Config>,
     /// The GpuNode reporter's settings, when an API server is configured.
     pub report: Option<report::Config>,
-    /// Serve through the keeper (started when none runs), which holds the mount while agents
-    /// restart; root only (otherwise the agent mounts itself, as without).
-    pub keeper: bool,
+    /// Serve through the keeper (started when none runs, with this data path), which holds the
+    /// mount while agents restart; root only (otherwise, and with `None`, the agent mounts
+    /// itself).
+    pub keeper: Option<crate::keeper::DataPath>,
 }
 
 /// The agent's live state, shared by the reload loop, the NRI plugin and the health endpoint.
@@ -229,14 +230,14 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
     let relay = node::set_up(&cfg.layout, cfg.keeper)?;
     let mountpoint = cfg.layout.mount_point();
     let mounted = match relay {
-        Some(conn) => crate::fuse::serve_relayed(&tree, conn, &mountpoint, Some(&cfg.sysfs)),
+        Some(conn) => crate::fuse::serve_through_keeper(&tree, conn, &mountpoint, Some(&cfg.sysfs)),
         None => crate::fuse::mount(&tree, &mountpoint, Some(&cfg.sysfs)),
     }
     .map_err(|source| ServeError::Fuse {
         path: mountpoint.clone(),
         source,
     })?;
-    if mounted.is_relayed() {
+    if mounted.through_keeper() {
         take_over_caches(&mounted, &tree, &cfg.layout.served_paths());
     }
     let warmed = mounted.handle.warm(&tree, Path::new(crate::SELF_EXE));
@@ -489,7 +490,7 @@ impl Agent {
     fn start_reload(&self, mounted: &Mounted, raw: Vec<u8>) -> Result<Reloader, ServeError> {
         let (stop, stopped) = mpsc::channel::<()>();
         let (state, cfg, handle) = (self.state.clone(), self.cfg.clone(), mounted.handle.clone());
-        let record = mounted.is_relayed().then(|| cfg.layout.served_paths());
+        let record = mounted.through_keeper().then(|| cfg.layout.served_paths());
         let thread = std::thread::Builder::new()
             .name("reload".into())
             .spawn(move || {
@@ -506,7 +507,7 @@ impl Agent {
     async fn wait_for_end(&self, shutdown: impl Future<Output = ()>, mounted: &Mounted) -> End {
         // The keeper dying ends the connection and the agent with it: a successor mounts afresh.
         let keeper_gone = async {
-            if !mounted.is_relayed() {
+            if !mounted.through_keeper() {
                 return std::future::pending().await;
             }
             let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -543,7 +544,7 @@ impl Agent {
         drop(reloader.stop);
         let device_plugin = self.join_tasks().await;
         self.state.mounted.store(false, Ordering::Release);
-        let relayed = mounted.is_relayed();
+        let relayed = mounted.through_keeper();
         unmount(self.cfg.layout.mount_point(), reloader.thread, mounted).await?;
         if let End::KeeperLost = end {
             return Err(ServeError::KeeperLost {

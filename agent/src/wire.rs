@@ -1,9 +1,11 @@
 //! The keeper protocol, shared by the agent's end and the keeper's end: the `SOCK_SEQPACKET`
-//! sockets, what each side says first, the agent's `BYE`, the framing of relayed FUSE messages
-//! and the descriptors a handover passes (`SCM_RIGHTS`).
+//! sockets, what each side says first, the keeper's word on the data path, the agent's `BYE`,
+//! the framing of relayed FUSE messages and the descriptors passed (`SCM_RIGHTS`).
 //!
 //! One message carries one FUSE request or reply, as the device hands them out, so fuser runs
-//! on the agent's end of the socket as it would on `/dev/fuse`.
+//! on the agent's end of the socket as it would on `/dev/fuse`. An agent always gets the
+//! kernel's `INIT` that way; then the keeper says whether it serves the device itself
+//! ([`word::DEVICE`], with the device) or through the relay ([`word::RELAY`]).
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -17,8 +19,10 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeVal;
 
-/// What an agent sends first on its connection.
-pub(crate) const AGENT_HELLO: &[u8] = b"mockgpu-agent 1";
+/// What an agent sends first on its connection: it takes the device when the keeper offers it.
+pub(crate) const AGENT_HELLO: &[u8] = b"mockgpu-agent 2";
+/// What agents before the direct path sent first: they are relayed to, and told nothing.
+pub(crate) const RELAYED_AGENT_HELLO: &[u8] = b"mockgpu-agent 1";
 /// What a keeper that takes over sends first.
 pub(crate) const KEEPER_HELLO: &[u8] = b"mockgpu-keeper 1";
 /// What an agent sends when it stops taking requests, followed by one byte: how many FUSE
@@ -43,17 +47,39 @@ pub(crate) const MAX_AGENTS: usize = 250;
 /// How long a new connection may take to say who it is, and a takeover to be acknowledged.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The keeper's word to an agent of [`AGENT_HELLO`], right after the `INIT` it relayed: how the
+/// agent's FUSE threads get their requests.
+pub(crate) mod word {
+    /// Sent with the device (`SCM_RIGHTS`): read it directly. The kernel resends what an agent
+    /// read but did not answer when the keeper asks (`FUSE_NOTIFY_RESEND`, Linux 6.9 and later),
+    /// so the keeper needs to see no request: it asks once the agent's connection ends.
+    pub(crate) const DEVICE: &[u8] = b"mockgpu-keeper device";
+    /// Requests keep coming on this connection, one per message.
+    pub(crate) const RELAY: &[u8] = b"mockgpu-keeper relay";
+    /// Later, to an agent that reads the device: a newer agent does now, stop reading (and shut
+    /// the connection's writing side once stopped, for the keeper to have the kernel resend).
+    pub(crate) const STOP: &[u8] = b"mockgpu-keeper stop";
+}
+
 // The FUSE opcodes (linux/fuse.h) the relay tells apart.
 pub(crate) const FUSE_FORGET: u32 = 2;
 pub(crate) const FUSE_INIT: u32 = 26;
 const FUSE_DESTROY: u32 = 38;
 const FUSE_INTERRUPT: u32 = 36;
 const FUSE_BATCH_FORGET: u32 = 42;
+/// `fuse_out_header.error` of the notification that makes the kernel resend what it handed out
+/// and got no reply to (linux/fuse.h, `FUSE_NOTIFY_RESEND`).
+const FUSE_NOTIFY_RESEND: i32 = 7;
+/// `INIT` flags (linux/fuse.h): the second flags word is there (`FUSE_INIT_EXT`), and in it the
+/// kernel says it can resend (`FUSE_HAS_RESEND`, 1 << 39: bit 7 of `flags2`).
+const FUSE_INIT_EXT: u32 = 1 << 30;
+const FUSE_HAS_RESEND_FLAGS2: u32 = 1 << (39 - 32);
 
 /// The tag byte that starts each message of a handover, in the order they are sent.
 pub(crate) mod handover {
-    /// The header: one byte per agent connection passed (1: it is closing), with the device
-    /// and those connections as descriptors.
+    /// The header: one byte per agent connection passed (bit 0: it is closing; 1: it reads
+    /// the device; 2: it awaits its word), with the device and those connections as
+    /// descriptors.
     pub(crate) const HEAD: u8 = b'H';
     /// The kernel's recorded `INIT` request.
     pub(crate) const INIT: u8 = b'I';
@@ -77,6 +103,28 @@ pub(crate) fn request_header(msg: &[u8]) -> Option<(u32, u64)> {
 /// The `unique` of a reply (0 for a notification), from its `fuse_out_header`.
 pub(crate) fn reply_unique(msg: &[u8]) -> Option<u64> {
     Some(u64::from_ne_bytes(msg.get(8..16)?.try_into().ok()?))
+}
+
+/// Whether the kernel that sent `init` (an `INIT` request) resends on [`resend`]: its
+/// `fuse_init_in` (after the 40-byte `fuse_in_header`: major, minor, max_readahead, flags,
+/// flags2) says so.
+pub(crate) fn can_resend(init: &[u8]) -> bool {
+    let word = |at: usize| {
+        init.get(at..at + 4)
+            .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+    };
+    matches!(request_header(init), Some((FUSE_INIT, _)))
+        && word(52).is_some_and(|flags| flags & FUSE_INIT_EXT != 0)
+        && word(56).is_some_and(|flags2| flags2 & FUSE_HAS_RESEND_FLAGS2 != 0)
+}
+
+/// The notification (a `fuse_out_header` alone, `unique` 0) that makes the kernel queue again
+/// every request it handed out and got no reply to, marked as resent.
+pub(crate) fn resend() -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[0..4].copy_from_slice(&16u32.to_ne_bytes());
+    m[4..8].copy_from_slice(&FUSE_NOTIFY_RESEND.to_ne_bytes());
+    m
 }
 
 /// Whether the kernel waits for a reply to a request with `opcode`.
@@ -193,7 +241,7 @@ pub(crate) fn recv_fds(conn: &OwnedFd, buf: &mut [u8]) -> nix::Result<(usize, Ve
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::bare_request as request;
     use super::*;
 
@@ -206,6 +254,34 @@ mod tests {
         assert!(expects_reply(15)); // READ
         assert_eq!(request_header(&request(15, 7)), Some((15, 7)));
         assert_eq!(request_header(&[0; 10]), None);
+    }
+
+    /// An `INIT` request as the kernel sends it: headers, then major 7, minor 45, readahead,
+    /// `flags` and `flags2`.
+    pub(crate) fn init(flags: u32, flags2: u32) -> Vec<u8> {
+        let mut m = request(FUSE_INIT, 2);
+        for w in [7u32, 45, 131072, flags, flags2] {
+            m.extend_from_slice(&w.to_ne_bytes());
+        }
+        m.extend_from_slice(&[0; 44]);
+        let len = m.len() as u32;
+        m[0..4].copy_from_slice(&len.to_ne_bytes());
+        m
+    }
+
+    #[test]
+    fn an_init_tells_whether_the_kernel_resends() {
+        assert!(can_resend(&init(FUSE_INIT_EXT | 1, 1 << 7)));
+        assert!(!can_resend(&init(FUSE_INIT_EXT, 1 << 6)), "another flag");
+        assert!(!can_resend(&init(0, 1 << 7)), "flags2 not there");
+        assert!(!can_resend(&init(FUSE_INIT_EXT, 1 << 7)[..56]), "cut short");
+        let mut lookup = init(FUSE_INIT_EXT, 1 << 7);
+        lookup[4..8].copy_from_slice(&1u32.to_ne_bytes());
+        assert!(!can_resend(&lookup), "not an INIT");
+        let r = resend();
+        assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()), 16);
+        assert_eq!(i32::from_ne_bytes(r[4..8].try_into().unwrap()), 7);
+        assert_eq!(reply_unique(&r), Some(0), "a notification");
     }
 
     #[test]

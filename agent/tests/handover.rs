@@ -1,7 +1,8 @@
 //! No failed read while the agent restarts (needs root and /dev/fuse): a reader loops over the
 //! GPUs' `information` files (and a lookup that always reaches the agent) while real
 //! `mockgpu-agent serve` processes are restarted 10 times with SIGTERM (the successor started
-//! at once) and 10 times with SIGKILL, and while a second keeper takes the connection over.
+//! at once) and 10 times with SIGKILL, and while a second keeper takes the connection over, on
+//! both data paths: agents reading the device (this kernel resends) and the keeper's relay.
 //! Everything runs in a private mount namespace; every process the test starts is killed when
 //! it ends, even when it fails.
 
@@ -11,7 +12,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{fixture, in_private_namespace, wait_for};
@@ -32,6 +33,8 @@ impl Drop for Procs {
 }
 
 struct Setup {
+    /// `serve --keeper`: `auto` (agents read the device where the kernel resends) or `relay`.
+    keeper: &'static str,
     run: PathBuf,
     sysfs: PathBuf,
     procfs: PathBuf,
@@ -70,6 +73,8 @@ impl Setup {
                 profile.as_ref(),
                 "--node-name".as_ref(),
                 "node-0".as_ref(),
+                "--keeper".as_ref(),
+                self.keeper.as_ref(),
                 "--listen".as_ref(),
                 "127.0.0.1:0".as_ref(),
                 "--dir".as_ref(),
@@ -86,12 +91,20 @@ impl Setup {
         fs::read_to_string(self.logs.join(format!("{name}.log"))).unwrap_or_default()
     }
 
-    /// Waits until agent `n` logged that it serves.
+    /// Waits until agent `n` logged that it serves; fails with its log and the first agent's
+    /// (the keeper's lines are there) after 15 seconds.
     fn wait_ready(&self, n: usize) {
         let name = format!("agent-{n}");
-        wait_for(&format!("{name} to serve"), || {
-            self.log(&name).contains(" ready ")
-        });
+        let start = Instant::now();
+        while !self.log(&name).contains(" ready ") {
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "{name} did not serve within 15 s:\n{}\nagent-0 and its keeper:\n{}",
+                self.log(&name),
+                self.log("agent-0")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -127,8 +140,12 @@ fn read_round(mnt: &Path) -> Result<(), String> {
 }
 
 /// Loops [`read_round`] until `stop`, on a thread started from the calling thread (so in its
-/// mount namespace).
-fn reader(mnt: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Reads> {
+/// mount namespace), counting rounds in `rounds`.
+fn reader(
+    mnt: PathBuf,
+    stop: Arc<AtomicBool>,
+    rounds: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<Reads> {
     std::thread::spawn(move || {
         let mut reads = Reads::default();
         while !stop.load(Ordering::Relaxed) {
@@ -136,6 +153,7 @@ fn reader(mnt: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Reads>
             let result = read_round(&mnt);
             reads.longest = reads.longest.max(t.elapsed());
             reads.done += 1;
+            rounds.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = result {
                 reads.failed.push(e);
             }
@@ -159,8 +177,9 @@ fn alive(pid: i32) -> bool {
 
 impl Setup {
     /// Directories below `dir`: the agent's (`run`), a fake procfs and the logs.
-    fn new(dir: &Path) -> Setup {
+    fn new(dir: &Path, keeper: &'static str) -> Setup {
         let setup = Setup {
+            keeper,
             run: dir.join("run"),
             sysfs: fixture("two-socket"),
             procfs: dir.join("proc"),
@@ -192,10 +211,15 @@ impl Setup {
 }
 
 /// Runs `test` in a private mount namespace with the first agent serving (its keeper is
-/// `procs.0[1]`), in a temporary directory.
+/// `procs.0[1]`), in a temporary directory, agents reading the device.
 fn with_first_agent(test: impl FnOnce(&Setup, &mut Procs, Child) + Send) {
+    with_first_agent_on("auto", test)
+}
+
+/// [`with_first_agent`] with `serve --keeper keeper`.
+fn with_first_agent_on(keeper: &'static str, test: impl FnOnce(&Setup, &mut Procs, Child) + Send) {
     let dir = tempfile::tempdir().unwrap();
-    let setup = Setup::new(dir.path());
+    let setup = Setup::new(dir.path(), keeper);
     in_private_namespace(|| {
         let mut procs = Procs::default();
         let agent = setup.first_agent(&mut procs);
@@ -203,14 +227,61 @@ fn with_first_agent(test: impl FnOnce(&Setup, &mut Procs, Child) + Send) {
     })
 }
 
+/// The times keeper `pid`'s threads gave up the CPU to wait: it waits for every request it
+/// relays, and for nothing while agents read the device.
+fn waits(pid: i32) -> u64 {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
 #[test]
-fn reads_never_fail_across_agent_restarts_and_a_keeper_handover() {
-    with_first_agent(|setup, procs, mut agent| {
+fn where_agents_read_the_device_requests_never_wake_the_keeper() {
+    for (path, direct) in [("auto", true), ("relay", false)] {
+        with_first_agent_on(path, |setup, procs, _agent| {
+            let keeper = procs.0[1];
+            let log = setup.log("agent-0");
+            let told = format!("agent told its data path agent=0 direct={direct}");
+            assert!(log.contains(&told), "{path}: {log}");
+            let before = waits(keeper);
+            for _ in 0..200 {
+                read_round(&setup.mount_point()).unwrap();
+            }
+            let woke = waits(keeper) - before;
+            if direct {
+                assert!(woke < 10, "the keeper woke {woke} times for 200 lookups");
+            } else {
+                assert!(woke >= 200, "the relay woke {woke} times for 200 lookups");
+            }
+        })
+    }
+}
+
+#[test]
+fn reads_never_fail_across_agent_restarts_and_a_keeper_handover_reading_the_device() {
+    reads_never_fail_across_agent_restarts_and_a_keeper_handover("auto")
+}
+
+#[test]
+fn reads_never_fail_across_agent_restarts_and_a_keeper_handover_through_the_relay() {
+    reads_never_fail_across_agent_restarts_and_a_keeper_handover("relay")
+}
+
+fn reads_never_fail_across_agent_restarts_and_a_keeper_handover(path: &'static str) {
+    with_first_agent_on(path, |setup, procs, mut agent| {
         let mnt = setup.mount_point();
         let keeper = procs.0[1];
 
         let stop = Arc::new(AtomicBool::new(false));
-        let reading = reader(mnt.clone(), stop.clone());
+        let rounds = Arc::new(AtomicU64::new(0));
+        let reading = reader(mnt.clone(), stop.clone(), rounds.clone());
         let mut n = 0;
         // Restarts `agent` with `signal`; returns the successor's number.
         let mut restart = |signal: Signal, agent: &mut Child, procs: &mut Procs| {
@@ -225,6 +296,12 @@ fn reads_never_fail_across_agent_restarts_and_a_keeper_handover() {
                 assert!(log.contains("driver tree left to the keeper"), "{log}");
             }
             setup.wait_ready(n);
+            // A reader stuck on a request nobody answers fails the test (the processes it
+            // started are killed, which ends the read), rather than hanging it.
+            let seen = rounds.load(Ordering::Relaxed);
+            wait_for(&format!("a whole read round through agent {n}"), || {
+                rounds.load(Ordering::Relaxed) >= seen + 2
+            });
             std::mem::swap(agent, &mut next);
             n
         };
@@ -239,10 +316,11 @@ fn reads_never_fail_across_agent_restarts_and_a_keeper_handover() {
         assert!(log.contains("connected to the running keeper"), "{log}");
 
         // A second keeper takes the connection over; the first exits without unmounting.
-        let mut second = setup.spawn(
-            "keeper-2",
-            &["keeper".as_ref(), "--dir".as_ref(), setup.run.as_os_str()],
-        );
+        let mut args = vec!["keeper".as_ref(), "--dir".as_ref(), setup.run.as_os_str()];
+        if path == "relay" {
+            args.push("--relay".as_ref());
+        }
+        let mut second = setup.spawn("keeper-2", &args);
         procs.0.push(second.id() as i32);
         wait_for("the first keeper to hand over and exit", || !alive(keeper));
         // The second one logs the takeover once it has the connection, which may be after the

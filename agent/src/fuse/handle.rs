@@ -73,13 +73,23 @@ impl TreeHandle {
     /// this connection (kept by the keeper, with the kernel's caches): every entry's attributes
     /// and pages, and the names the tree served now lacks. Returns the number of paths.
     pub(crate) fn forget(&self, paths: &[String]) -> usize {
-        let n = self.notifier.lock().unwrap_or_else(|e| e.into_inner());
         let snap = self.inner.current();
-        let mut inodes = self.inner.inodes.lock().unwrap_or_else(|e| e.into_inner());
-        for path in paths.iter().filter(|p| !p.is_empty()) {
-            let ino = inodes.get(path);
-            let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
-            let parent = INodeNo(inodes.get(parent));
+        // Numbered first, notified after: a notification can wait on a directory that a
+        // request holds, and serving that request can need the inode numbers (the live PCI
+        // listing).
+        let numbered: Vec<(u64, INodeNo, &str)> = {
+            let mut inodes = self.inner.inodes.lock().unwrap_or_else(|e| e.into_inner());
+            paths
+                .iter()
+                .filter(|p| !p.is_empty())
+                .map(|path| {
+                    let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+                    (inodes.get(path), INodeNo(inodes.get(parent)), name)
+                })
+                .collect()
+        };
+        let n = self.notifier.lock().unwrap_or_else(|e| e.into_inner());
+        for (ino, parent, name) in numbered {
             // ENOENT only means the kernel had nothing cached for it.
             let _ = n.inval_inode(INodeNo(ino), 0, -1);
             if !snap.nodes.contains_key(&ino) {

@@ -20,9 +20,10 @@
 //!
 //! The parts: `snapshot` (one version of the tree, indexed by inode), `pci` (the live host PCI
 //! listing), `state` (what the FUSE threads and the handle share), `filesystem` (the requests),
-//! `handle` (reloads, invalidation, warming), `mount` (the mount's lifecycle) and `record` (the
-//! served-paths log).
+//! `handle` (reloads, invalidation, warming), `mount` (the mount's lifecycle), `direct` (serving
+//! the device a keeper passed) and `record` (the served-paths log).
 
+mod direct;
 mod filesystem;
 mod handle;
 mod mount;
@@ -32,6 +33,6 @@ mod snapshot;
 mod state;
 
 pub use handle::TreeHandle;
-pub(crate) use mount::serve_relayed;
+pub(crate) use mount::serve_through_keeper;
 pub use mount::{Mounted, mount};
 pub(crate) use record::{record_paths, recorded_paths};

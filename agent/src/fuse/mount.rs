@@ -1,13 +1,16 @@
-//! The mount's lifecycle: mounting `/dev/fuse` through fuser, or serving a keeper's connection,
-//! and letting go of either.
+//! The mount's lifecycle: mounting `/dev/fuse` through fuser, or serving a keeper's connection
+//! (the device the keeper passes, see [`direct`](super::direct), or its relay), and letting go
+//! of either.
 
 use std::io;
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 
+use super::direct::{Direct, keeper_word, replace_fd};
 use super::filesystem::DriverFs;
 use super::handle::TreeHandle;
 use super::state::Shared;
@@ -15,55 +18,84 @@ use crate::tree::Tree;
 use crate::wire;
 
 /// A mounted driver tree; unmounts when dropped or on [`Mounted::unmount`]. Served through a
-/// keeper ([`serve_relayed`]), it is never unmounted: the agent only lets go of its connection.
+/// keeper ([`serve_through_keeper`]), it is never unmounted: the agent only lets go of its
+/// connection.
 pub struct Mounted {
+    /// fuser's session on its own mount, or on a relaying keeper's connection.
     session: Option<BackgroundSession>,
     mountpoint: PathBuf,
-    /// The connection to the keeper, when the keeper holds the mount.
-    relay: Option<OwnedFd>,
+    /// The keeper's connection, when the keeper holds the mount.
+    keeper: Option<Keeper>,
     /// Replaces the served tree.
     pub handle: TreeHandle,
+}
+
+/// The agent's end of a keeper's connection.
+enum Keeper {
+    /// The keeper relays: fuser serves this connection.
+    Relay(OwnedFd),
+    /// The agent reads the device (with the session), and the thread watching the keeper.
+    Direct(Arc<Direct>, Option<JoinHandle<()>>),
 }
 
 impl Mounted {
     /// Unmounts and waits for the FUSE thread to end. A mount still in use (an open file, a
     /// process's working directory) is detached lazily instead: it leaves the mount table at
     /// once and the FUSE thread serves its last users until they let go. Through a keeper: stops
-    /// taking requests, answers those already taken and closes the connection; the keeper gives
-    /// the rest to the next agent, and the mount stays.
+    /// taking requests and closes the connection, and the mount stays. Relayed, the agent
+    /// answers what it took first, and the keeper gives the rest to the next agent; reading the
+    /// device, it stops at once, and the kernel resends what it left to the next agent.
     pub fn unmount(mut self) -> io::Result<()> {
         self.unmount_inner()
     }
 
-    /// Whether a keeper holds the mount (see [`serve_relayed`]).
-    pub(crate) fn is_relayed(&self) -> bool {
-        self.relay.is_some()
+    /// Whether a keeper holds the mount (see [`serve_through_keeper`]).
+    pub(crate) fn through_keeper(&self) -> bool {
+        self.keeper.is_some()
     }
 
-    /// Whether the FUSE threads still serve (they end when the keeper's connection closes).
+    /// Whether the FUSE threads still serve, or stopped for a newer agent (they end when the
+    /// keeper goes away).
     pub(crate) fn serving(&self) -> bool {
-        self.session
-            .as_ref()
-            .is_some_and(|s| !s.guard.is_finished())
+        match &self.keeper {
+            Some(Keeper::Direct(direct, _)) => direct.serving(),
+            _ => self
+                .session
+                .as_ref()
+                .is_some_and(|s| !s.guard.is_finished()),
+        }
     }
 
     fn unmount_inner(&mut self) -> io::Result<()> {
+        match self.keeper.as_mut() {
+            Some(Keeper::Direct(direct, watcher)) => {
+                let Some(watcher) = watcher.take() else {
+                    return Ok(());
+                };
+                self.handle.unpin();
+                return direct.release(watcher);
+            }
+            Some(Keeper::Relay(conn)) => {
+                let Some(session) = self.session.take() else {
+                    return Ok(());
+                };
+                self.handle.unpin();
+                // The keeper answers with one DESTROY per thread, behind what it sent before.
+                if wire::send(conn, &wire::bye(FUSE_THREADS as u8)).is_err() {
+                    // The keeper is gone: the threads read an end of file, if they have not yet.
+                    nix::sys::socket::shutdown(
+                        conn.as_raw_fd(),
+                        nix::sys::socket::Shutdown::Read,
+                    )?;
+                }
+                return joined(session.join());
+            }
+            None => {}
+        }
         let Some(session) = self.session.take() else {
             return Ok(());
         };
         self.handle.unpin();
-        if let Some(conn) = self.relay.take() {
-            // The keeper answers with one DESTROY per thread, behind what it sent before.
-            if wire::send(&conn, &wire::bye(FUSE_THREADS as u8)).is_err() {
-                // The keeper is gone: the threads read an end of file, if they have not yet.
-                nix::sys::socket::shutdown(conn.as_raw_fd(), nix::sys::socket::Shutdown::Read)?;
-            }
-            return match session.join() {
-                // fuser calls an end of file an invalid request.
-                Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(()),
-                other => other,
-            };
-        }
         match session.umount_and_join() {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                 tracing::warn!(mountpoint = %self.mountpoint.display(), "driver tree busy: detaching it lazily");
@@ -90,37 +122,57 @@ pub fn mount(tree: &Tree, mountpoint: &Path, sysfs: Option<&Path>) -> io::Result
     let inner = Arc::new(Shared::new(tree, sysfs));
     let config = config();
     let session = fuser::spawn_mount(DriverFs::new(inner.clone()), mountpoint, &config)?;
-    Ok(mounted(session, mountpoint, inner, None))
+    Ok(Mounted {
+        handle: TreeHandle::new(inner, session.notifier(), mountpoint),
+        session: Some(session),
+        mountpoint: mountpoint.to_path_buf(),
+        keeper: None,
+    })
 }
 
 /// Serves `tree` on `conn`, a connection to the keeper (`mockgpu-agent keeper`) that holds the
-/// mount at `mountpoint`: fuser runs on the socket as it would on `/dev/fuse`, since the keeper
-/// relays one request or reply per message. With `sysfs` as in [`mount`].
-pub(crate) fn serve_relayed(
+/// mount at `mountpoint`. fuser's handshake runs on the socket (the keeper relays the kernel's
+/// `INIT`, one message each way); then the keeper passes the device, and fuser's descriptor is
+/// made that device, or relays every request the same way. With `sysfs` as in [`mount`].
+pub(crate) fn serve_through_keeper(
     tree: &Tree,
     conn: OwnedFd,
     mountpoint: &Path,
     sysfs: Option<&Path>,
 ) -> io::Result<Mounted> {
     let inner = Arc::new(Shared::new(tree, sysfs));
-    let stop = conn.try_clone()?;
+    let control = conn.try_clone()?;
+    let fd = conn.as_raw_fd();
     let config = config();
     let fs = DriverFs::new(inner.clone());
-    let session = fuser::Session::from_fd(fs, conn, config.acl, config)?.spawn()?;
-    Ok(mounted(session, mountpoint, inner, Some(stop)))
+    let session = fuser::Session::from_fd(fs, conn, config.acl, config)?;
+    let device = keeper_word(&control)?;
+    if let Some(device) = &device {
+        replace_fd(device, fd)?;
+    }
+    let session = session.spawn()?;
+    let notifier = session.notifier();
+    let (session, keeper) = match device {
+        Some(_) => {
+            let (direct, watcher) = Direct::start(session, fd, control)?;
+            (None, Keeper::Direct(direct, Some(watcher)))
+        }
+        None => (Some(session), Keeper::Relay(control)),
+    };
+    Ok(Mounted {
+        handle: TreeHandle::new(inner, notifier, mountpoint),
+        session,
+        mountpoint: mountpoint.to_path_buf(),
+        keeper: Some(keeper),
+    })
 }
 
-fn mounted(
-    session: BackgroundSession,
-    mountpoint: &Path,
-    inner: Arc<Shared>,
-    relay: Option<OwnedFd>,
-) -> Mounted {
-    Mounted {
-        handle: TreeHandle::new(inner, session.notifier(), mountpoint),
-        session: Some(session),
-        mountpoint: mountpoint.to_path_buf(),
-        relay,
+/// A FUSE session's end, once joined: an end of file is how a keeper's connection or a stopped
+/// reader ends, which fuser calls an invalid request.
+pub(super) fn joined(r: io::Result<()>) -> io::Result<()> {
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(()),
+        other => other,
     }
 }
 

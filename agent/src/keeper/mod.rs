@@ -1,15 +1,23 @@
 //! `mockgpu-agent keeper`: the process that owns the FUSE connection, so that the agent can
 //! crash, restart or be upgraded without the mount going away and without a failed read.
 //!
-//! The keeper opens `/dev/fuse` and mounts it (as root). It serves nothing itself: it relays.
-//! Each request it reads from the device goes to the current agent over a `SOCK_SEQPACKET` Unix
-//! socket (one request per message, as the device hands them out, so fuser runs unchanged on the
-//! agent's end), and each reply comes back the same way and is written to the device. Requests
-//! that expect a reply stay in the keeper's in-flight table until one arrives; when an agent's
-//! connection ends, the keeper gives what it left unanswered to the next agent. While no agent is
-//! connected the keeper reads nothing from the device, so the kernel queues requests and readers
-//! wait. The kernel's `INIT` is recorded: a later agent gets it first (fuser starts with that
-//! handshake), and its reply is swallowed, since the kernel was answered once already.
+//! The keeper opens `/dev/fuse` and mounts it (as root). It serves nothing itself. Agents
+//! connect over a `SOCK_SEQPACKET` Unix socket; each gets the kernel's `INIT` on it (recorded: a
+//! later agent gets it first, since fuser starts with that handshake, and its reply is
+//! swallowed, the kernel being answered once already). Then one of two data paths:
+//!
+//! - **Direct** (the kernel resends, Linux 6.9 and later): the agent gets the device itself
+//!   (`SCM_RIGHTS`) and reads it; the keeper sees no request. When the agent's connection ends,
+//!   the keeper asks the kernel to queue again what it had handed out and got no reply to
+//!   (`FUSE_NOTIFY_RESEND`), and the next agent reads those.
+//! - **Relay** (older kernels, `--relay`, agents before the direct path): each request the
+//!   keeper reads from the device goes to the current agent, one per message, so fuser runs
+//!   unchanged on the agent's end; each reply comes back the same way and is written to the
+//!   device. Requests that expect a reply stay in the keeper's in-flight table until one arrives;
+//!   when an agent's connection ends, the keeper gives what it left unanswered to the next agent.
+//!
+//! While no agent is connected nobody reads the device, so the kernel queues requests and
+//! readers wait.
 //!
 //! A keeper that starts while another one listens on the socket takes over from it: the old one
 //! stops reading, passes the device, its agents' connections (`SCM_RIGHTS`), the recorded `INIT`
@@ -37,11 +45,22 @@ pub use error::KeeperError;
 pub(crate) use spawn::attach;
 
 use crate::wire::{
-    AGENT_HELLO, HELLO_TIMEOUT, KEEPER_HELLO, READY, connect, nobody_listens, seqpacket,
-    set_recv_timeout,
+    AGENT_HELLO, HELLO_TIMEOUT, KEEPER_HELLO, READY, RELAYED_AGENT_HELLO, connect, nobody_listens,
+    seqpacket, set_recv_timeout,
 };
 use error::io_err;
 use relay::Relay;
+
+/// How FUSE requests reach the agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataPath {
+    /// Agents read the device themselves where the kernel resends (Linux 6.9 and later);
+    /// otherwise through the relay.
+    Auto,
+    /// Every request through the keeper's relay (for comparison, and for tests of the path that
+    /// older kernels take).
+    Relay,
+}
 
 /// What [`run`] ended with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,10 +76,14 @@ pub enum Outcome {
 /// Runs the keeper of `layout` until it hands the connection over, is stopped or the mount
 /// goes away: takes over from a running keeper when one listens, else mounts the driver tree's
 /// mount point itself. Prints `listening` on standard output once it accepts agents.
-pub fn run(layout: &Layout) -> Result<Outcome, KeeperError> {
+/// Agents get their requests by `path`.
+pub fn run(layout: &Layout, data_path: DataPath) -> Result<Outcome, KeeperError> {
+    let relay_only = data_path == DataPath::Relay;
     if !nix::unistd::geteuid().is_root() {
         return Err(KeeperError::NotRoot);
     }
+    // `ps` shows the executable's name otherwise: `exe`, for `/proc/self/exe keeper`.
+    let _ = nix::sys::prctl::set_name(c"mockgpu-keeper");
     let path = layout.keeper_socket();
     // SIGTERM and SIGINT arrive through a descriptor that the relay loop polls.
     let mut signals = SigSet::empty();
@@ -87,7 +110,7 @@ pub fn run(layout: &Layout) -> Result<Outcome, KeeperError> {
         .map_err(io_err("create a signalfd"))?;
     let mut relay = match connect(&path, KEEPER_HELLO) {
         Ok(conn) => {
-            let relay = takeover::take_over(&conn).map_err(|reason| KeeperError::Takeover {
+            let relay = takeover::take_over(&conn, relay_only).map_err(|reason| KeeperError::Takeover {
                 path: path.clone(),
                 reason,
             })?;
@@ -97,7 +120,9 @@ pub fn run(layout: &Layout) -> Result<Outcome, KeeperError> {
             );
             relay
         }
-        Err(e) if nobody_listens(e) => Relay::new(device::mount_device(layout)?, None)?,
+        Err(e) if nobody_listens(e) => {
+            Relay::new(device::mount_device(layout)?, None, relay_only)?
+        }
         Err(e) => return Err(io_err(format!("connect to {}", path.display()))(e)),
     };
     let listener = listen(&path)?;
@@ -153,15 +178,24 @@ impl Relay {
     /// Relays until a signal, a takeover or the end of the mount.
     fn serve(&mut self, listener: &OwnedFd, signal_fd: &SignalFd) -> Result<Outcome, KeeperError> {
         loop {
-            let read_kernel = self.current().is_some() && self.backlog.is_empty();
-            let write_agent = self.current().is_some() && !self.backlog.is_empty();
+            let relaying = self.current().is_some();
+            let read_kernel = relaying && self.backlog.is_empty();
+            let write_agent = relaying && !self.backlog.is_empty();
             let current = self.current().map(|a| a.id);
             let revents: Vec<PollFlags> = {
+                // Polling the device at all wakes the keeper at every request the kernel
+                // queues: while no agent is relayed to, its place in the poll set is held by the
+                // signal descriptor (asked for nothing), and its end is looked for once a second.
+                let device = if relaying {
+                    self.fuse.as_fd()
+                } else {
+                    signal_fd.as_fd()
+                };
                 let mut fds = vec![
                     PollFd::new(listener.as_fd(), PollFlags::POLLIN),
                     PollFd::new(signal_fd.as_fd(), PollFlags::POLLIN),
                     PollFd::new(
-                        self.fuse.as_fd(),
+                        device,
                         if read_kernel {
                             PollFlags::POLLIN
                         } else {
@@ -176,13 +210,25 @@ impl Relay {
                     }
                     fds.push(PollFd::new(a.conn.as_fd(), events));
                 }
-                match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+                let timeout = if relaying {
+                    PollTimeout::NONE
+                } else {
+                    PollTimeout::from(1000u16)
+                };
+                match nix::poll::poll(&mut fds, timeout) {
                     Err(Errno::EINTR) => continue,
                     r => r.map_err(io_err("poll"))?,
                 };
-                fds.iter()
+                let mut revents: Vec<PollFlags> = fds
+                    .iter()
                     .map(|f| f.revents().unwrap_or(PollFlags::empty()))
-                    .collect()
+                    .collect();
+                if !relaying {
+                    let mut fds = [PollFd::new(self.fuse.as_fd(), PollFlags::empty())];
+                    let _ = nix::poll::poll(&mut fds, PollTimeout::ZERO);
+                    revents[2] = fds[0].revents().unwrap_or(PollFlags::empty());
+                }
+                revents
             };
             if revents[1].contains(PollFlags::POLLIN)
                 && signal_fd.read_signal().ok().flatten().is_some()
@@ -231,8 +277,8 @@ impl Relay {
         let n = socket::recv(conn.as_raw_fd(), &mut hello, MsgFlags::empty()).unwrap_or(0);
         set_recv_timeout(&conn, Duration::ZERO);
         match &hello[..n] {
-            AGENT_HELLO => {
-                self.join(conn);
+            AGENT_HELLO | RELAYED_AGENT_HELLO => {
+                self.join(conn, &hello[..n] == AGENT_HELLO);
                 false
             }
             KEEPER_HELLO => match self.hand_over(&conn) {

@@ -1,5 +1,7 @@
-//! The relay between `/dev/fuse` and the agents: requests go to the current agent, replies go
-//! back to the kernel, and what an agent left unanswered goes to the next one.
+//! The keeper's loop state: the relay between `/dev/fuse` and the agents (requests go to the
+//! current agent, replies go back to the kernel, and what an agent left unanswered goes to the
+//! next one), and the agents that read the device themselves (when one of those goes, the
+//! kernel is asked to resend what it left unanswered).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
@@ -11,7 +13,7 @@ use nix::sys::socket::{self, MsgFlags};
 
 use super::error::{KeeperError, io_err};
 use crate::wire::{
-    self, FUSE_INIT, MSG_MAX, expects_reply, reply_unique, request_header, size_buffers,
+    self, FUSE_INIT, MSG_MAX, expects_reply, reply_unique, request_header, size_buffers, word,
 };
 
 /// A request the kernel waits on, and the agent it went to (none: waiting for an agent).
@@ -26,6 +28,23 @@ pub(super) struct Agent {
     pub(super) conn: OwnedFd,
     /// The agent stopped taking requests (it shut its end for reading): it only answers.
     pub(super) closing: bool,
+    /// It reads the device itself (it was sent [`word::DEVICE`]): nothing is relayed to it.
+    pub(super) direct: bool,
+    /// It waits for the keeper's [`word`], due once the kernel's `INIT` is answered.
+    pub(super) awaits_word: bool,
+}
+
+impl Agent {
+    /// Agent `id` on `conn`, relayed to; `awaits_word` when it said [`wire::AGENT_HELLO`].
+    pub(super) fn new(id: u64, conn: OwnedFd, awaits_word: bool) -> Agent {
+        Agent {
+            id,
+            conn,
+            closing: false,
+            direct: false,
+            awaits_word,
+        }
+    }
 }
 
 /// The relay's state: what a handover passes on.
@@ -47,10 +66,16 @@ pub(super) struct Relay {
     /// the kernel gets an inode lock that a request waiting on this relay holds.
     notify: Option<mpsc::Sender<Vec<u8>>>,
     notifier: Option<std::thread::JoinHandle<()>>,
+    /// Relay to every agent, even where the kernel can resend (`keeper --relay`).
+    relay_only: bool,
 }
 
 impl Relay {
-    pub(super) fn new(fuse: OwnedFd, agents: Option<Vec<Agent>>) -> Result<Relay, KeeperError> {
+    pub(super) fn new(
+        fuse: OwnedFd,
+        agents: Option<Vec<Agent>>,
+        relay_only: bool,
+    ) -> Result<Relay, KeeperError> {
         let out = fuse.try_clone().map_err(io_err("duplicate /dev/fuse"))?;
         let (tx, rx) = mpsc::channel::<Vec<u8>>();
         let notifier = std::thread::Builder::new()
@@ -75,6 +100,7 @@ impl Relay {
             buf: vec![0; MSG_MAX],
             notify: Some(tx),
             notifier: Some(notifier),
+            relay_only,
         })
     }
 
@@ -86,9 +112,9 @@ impl Relay {
         }
     }
 
-    /// The agent that gets new requests: the newest that is not closing.
+    /// The agent that gets new requests: the newest that is not closing nor reads the device.
     pub(super) fn current(&self) -> Option<&Agent> {
-        self.agents.iter().rev().find(|a| !a.closing)
+        self.agents.iter().rev().find(|a| !a.closing && !a.direct)
     }
 
     /// Reads requests from the device while the current agent takes them; true once the
@@ -188,7 +214,7 @@ impl Relay {
                     let msg = self.buf[..n].to_vec();
                     match wire::bye_threads(&msg) {
                         Some(threads) => self.bye(idx, threads),
-                        None => self.reply(&msg),
+                        None => self.reply(id, &msg),
                     }
                 }
                 Err(Errno::EAGAIN) => return,
@@ -199,7 +225,10 @@ impl Relay {
                 }
             }
         }
-        self.agents.remove(idx);
+        let gone = self.agents.remove(idx);
+        if gone.direct {
+            self.resend();
+        }
         let mut requeued = 0;
         for p in self.inflight.values_mut().rev() {
             if p.agent == Some(id) {
@@ -214,6 +243,64 @@ impl Relay {
             agents = self.agents.len(),
             "agent disconnected"
         );
+        if self.current().is_none()
+            && !self.backlog.is_empty()
+            && self.agents.iter().any(|a| a.direct)
+        {
+            // Only agents that read the device are left: the kernel hands them what the relay
+            // read and nobody answered.
+            self.backlog.clear();
+            self.inflight.retain(|_, p| p.agent.is_some());
+            self.resend();
+        }
+    }
+
+    /// Asks the kernel to queue again what it handed out and got no reply to.
+    fn resend(&self) {
+        match nix::unistd::write(&self.fuse, &wire::resend()) {
+            Ok(_) => tracing::info!("asked the kernel to resend unanswered requests"),
+            Err(e) => tracing::warn!(error = %e, "the kernel refused to resend"),
+        }
+    }
+
+    /// Tells the agents that read the device, but agent `newest`, to stop (the relay, too, gives
+    /// new requests to the newest agent only).
+    fn supersede(&mut self, newest: usize) {
+        for (i, a) in self.agents.iter_mut().enumerate() {
+            if i != newest && a.direct && !a.closing {
+                a.closing = true;
+                if let Err(e) = wire::send(&a.conn, word::STOP) {
+                    tracing::debug!(agent = a.id, error = %e, "agent gone before its stop");
+                }
+                tracing::info!(agent = a.id, "agent told to stop reading the device");
+            }
+        }
+    }
+
+    /// Sends agent `idx` the keeper's word: the device, where the kernel resends, else the relay.
+    fn tell(&mut self, idx: usize) {
+        let direct = !self.relay_only && self.init.as_deref().is_some_and(wire::can_resend);
+        let fuse = self.fuse.as_raw_fd();
+        let agent = &mut self.agents[idx];
+        agent.awaits_word = false;
+        let sent = if direct {
+            wire::send_fds(&agent.conn, word::DEVICE, &[fuse])
+        } else {
+            wire::send(&agent.conn, word::RELAY)
+        };
+        match sent {
+            Ok(_) => {
+                agent.direct = direct;
+                tracing::info!(agent = agent.id, direct, "agent told its data path");
+                if direct {
+                    self.supersede(idx);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(agent = agent.id, error = %e, "cannot tell the agent its data path");
+                agent.closing = true;
+            }
+        }
     }
 
     /// Agent `idx` stops: it gets nothing new, and one `DESTROY` per FUSE thread.
@@ -230,8 +317,9 @@ impl Relay {
         tracing::info!(agent = agent.id, "agent stops taking requests");
     }
 
-    /// Writes an agent's reply to the kernel, unless it answers the replayed `INIT`.
-    fn reply(&mut self, msg: &[u8]) {
+    /// Writes agent `id`'s reply to the kernel, unless it answers the replayed `INIT`. The
+    /// first answer to `INIT` makes the agent's word due.
+    fn reply(&mut self, id: u64, msg: &[u8]) {
         let Some(unique) = reply_unique(msg) else {
             tracing::warn!(bytes = msg.len(), "short reply from an agent dropped");
             return;
@@ -264,11 +352,16 @@ impl Relay {
             // ENOENT: the kernel gave up on the request (interrupted or aborted).
             tracing::debug!(unique, error = %e, "reply not taken by the kernel");
         }
+        if Some(unique) == init_unique
+            && let Some(idx) = self.agents.iter().position(|a| a.id == id && a.awaits_word)
+        {
+            self.tell(idx);
+        }
     }
 
     /// A new agent becomes the current one: it gets the recorded `INIT` when the kernel was
-    /// answered already, then the backlog.
-    pub(super) fn join(&mut self, conn: OwnedFd) {
+    /// answered already (and then its word, when it `awaits_word`), then the backlog.
+    pub(super) fn join(&mut self, conn: OwnedFd, awaits_word: bool) {
         size_buffers(&conn);
         let id = self.next_id;
         self.next_id += 1;
@@ -280,11 +373,10 @@ impl Relay {
             return;
         }
         tracing::info!(agent = id, waiting = self.backlog.len(), "agent connected");
-        self.agents.push(Agent {
-            id,
-            conn,
-            closing: false,
-        });
+        self.agents.push(Agent::new(id, conn, awaits_word));
+        if awaits_word && self.init_reply.is_some() {
+            self.tell(self.agents.len() - 1);
+        }
         self.flush();
     }
 }
@@ -314,10 +406,15 @@ mod tests {
             SockFlag::SOCK_CLOEXEC,
         )
         .unwrap();
-        (Relay::new(device, None).unwrap(), kernel)
+        (Relay::new(device, None, false).unwrap(), kernel)
     }
 
+    /// An agent of the relay's days ([`wire::RELAYED_AGENT_HELLO`]): told nothing.
     fn agent(relay: &mut Relay) -> OwnedFd {
+        agent_of(relay, false)
+    }
+
+    fn agent_of(relay: &mut Relay, awaits_word: bool) -> OwnedFd {
         let (ours, theirs) = socket::socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -325,7 +422,7 @@ mod tests {
             SockFlag::SOCK_CLOEXEC,
         )
         .unwrap();
-        relay.join(ours);
+        relay.join(ours, awaits_word);
         theirs
     }
 
@@ -419,5 +516,96 @@ mod tests {
             1,
             "the new request waits for the next agent"
         );
+    }
+
+    /// The kernel's `INIT`, saying whether it resends.
+    fn init(resends: bool) -> Vec<u8> {
+        wire::tests::init(1 << 30, if resends { 1 << 7 } else { 0 })
+    }
+
+    /// Agent `conn`'s word and the descriptors sent with it.
+    fn word_of(conn: &OwnedFd) -> (Vec<u8>, usize) {
+        let mut buf = [0u8; 64];
+        let (n, fds) = wire::recv_fds(conn, &mut buf).unwrap();
+        (buf[..n].to_vec(), fds.len())
+    }
+
+    #[test]
+    fn where_the_kernel_resends_agents_get_the_device_and_the_end_of_one_asks_for_a_resend() {
+        let (mut relay, kernel) = relay();
+        let first = agent_of(&mut relay, true);
+        relay.queue(init(true));
+        relay.flush();
+        assert_eq!(recv(&first), Some(init(true)), "INIT goes through the relay");
+        socket::send(first.as_raw_fd(), &reply(2, b"init"), MsgFlags::empty()).unwrap();
+        relay.pump(0);
+        assert_eq!(recv(&kernel), Some(reply(2, b"init")), "the kernel is answered");
+        assert_eq!(word_of(&first), (word::DEVICE.to_vec(), 1), "then the device");
+        assert!(relay.current().is_none(), "nothing is relayed to it");
+        // A later agent gets the recorded INIT, then the device at once.
+        let second = agent_of(&mut relay, true);
+        assert_eq!(recv(&second), Some(init(true)));
+        assert_eq!(word_of(&second), (word::DEVICE.to_vec(), 1));
+        assert_eq!(recv(&first), Some(word::STOP.to_vec()), "the older one stops");
+        assert!(relay.agents[0].closing);
+        socket::send(second.as_raw_fd(), &reply(2, b"init"), MsgFlags::empty()).unwrap();
+        relay.pump(1);
+        assert_eq!(recv(&kernel), None, "its INIT reply is swallowed");
+        // The first one dies: the kernel is asked to resend what it held.
+        drop(first);
+        relay.pump(0);
+        assert_eq!(recv(&kernel), Some(wire::resend().to_vec()));
+        assert_eq!(relay.agents.len(), 1);
+    }
+
+    #[test]
+    fn where_the_kernel_cannot_resend_or_relay_is_asked_for_agents_are_relayed_to() {
+        for (resends, relay_only) in [(false, false), (true, true)] {
+            let (kernel, device) = socket::socketpair(
+                AddressFamily::Unix,
+                SockType::SeqPacket,
+                None,
+                SockFlag::SOCK_CLOEXEC,
+            )
+            .unwrap();
+            let mut relay = Relay::new(device, None, relay_only).unwrap();
+            let agent = agent_of(&mut relay, true);
+            relay.queue(init(resends));
+            relay.flush();
+            assert_eq!(recv(&agent), Some(init(resends)));
+            socket::send(agent.as_raw_fd(), &reply(2, b"init"), MsgFlags::empty()).unwrap();
+            relay.pump(0);
+            assert_eq!(word_of(&agent), (word::RELAY.to_vec(), 0));
+            relay.queue(request(15, 4));
+            relay.flush();
+            assert_eq!(recv(&agent), Some(request(15, 4)), "requests follow the word");
+            drop(agent);
+            relay.pump(0);
+            assert_eq!(recv(&kernel), Some(reply(2, b"init")));
+            assert_eq!(recv(&kernel), None, "no resend for a relayed agent");
+            assert_eq!(relay.backlog.len(), 1, "its request waits for the next agent");
+        }
+    }
+
+    #[test]
+    fn what_a_relayed_agent_leaves_goes_back_to_the_kernel_when_only_direct_agents_are_left() {
+        let (mut relay, kernel) = relay();
+        let direct = agent_of(&mut relay, true);
+        relay.queue(init(true));
+        relay.flush();
+        recv(&direct).unwrap();
+        socket::send(direct.as_raw_fd(), &reply(2, b"init"), MsgFlags::empty()).unwrap();
+        relay.pump(0);
+        word_of(&direct);
+        // An agent of the relay's days joins, takes a request and dies.
+        let old = agent(&mut relay);
+        assert_eq!(recv(&old), Some(init(true)));
+        relay.queue(request(15, 6));
+        relay.flush();
+        drop(old);
+        relay.pump(1);
+        assert_eq!(recv(&kernel), Some(reply(2, b"init")));
+        assert_eq!(recv(&kernel), Some(wire::resend().to_vec()));
+        assert!(relay.backlog.is_empty() && relay.inflight.is_empty());
     }
 }

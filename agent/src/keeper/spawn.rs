@@ -9,16 +9,17 @@ use std::time::Duration;
 
 use mockgpu_api::Layout;
 
+use super::DataPath;
 use super::error::{KeeperError, io_err};
 use crate::wire::{AGENT_HELLO, READY, connect, nobody_listens};
 
 /// How long an agent waits for the keeper it started to listen.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The agent's connection to the keeper of `layout`, on which it serves FUSE requests. Starts a
-/// keeper (this executable, in a session of its own so that it outlives the agent) when none
-/// listens.
-pub(crate) fn attach(layout: &Layout) -> Result<OwnedFd, KeeperError> {
+/// The agent's connection to the keeper of `layout`, on which it gets the kernel's `INIT` and
+/// the keeper's word. Starts a keeper (this executable, in a session of its own so that it
+/// outlives the agent; `keeper --relay` for [`DataPath::Relay`]) when none listens.
+pub(crate) fn attach(layout: &Layout, data_path: DataPath) -> Result<OwnedFd, KeeperError> {
     let path = layout.keeper_socket();
     match connect(&path, AGENT_HELLO) {
         Ok(conn) => {
@@ -34,9 +35,11 @@ pub(crate) fn attach(layout: &Layout) -> Result<OwnedFd, KeeperError> {
     };
     let mut command = Command::new(crate::SELF_EXE);
     command
+        .arg0("mockgpu-agent")
         .arg("keeper")
         .arg("--dir")
         .arg(layout.host_dir())
+        .args((data_path == DataPath::Relay).then_some("--relay"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     // SAFETY: setsid is async-signal-safe; it runs in the child between fork and exec.

@@ -19,7 +19,11 @@ impl Relay {
         let mut fds: Vec<RawFd> = vec![self.fuse.as_raw_fd()];
         fds.extend(agents.iter().map(|a| a.conn.as_raw_fd()));
         let mut head = vec![handover::HEAD];
-        head.extend(agents.iter().map(|a| u8::from(a.closing)));
+        head.extend(agents.iter().map(|a| {
+            u8::from(a.closing)
+                | u8::from(a.direct) << 1
+                | u8::from(a.awaits_word) << 2
+        }));
         let send = |msg: &[u8]| wire::send(conn, msg).map(drop).map_err(|e| e.to_string());
         wire::send_fds(conn, &head, &fds).map_err(|e| e.to_string())?;
         let init = [
@@ -54,8 +58,9 @@ impl Relay {
     }
 }
 
-/// Receives a running keeper's handover on `conn` and acknowledges it.
-pub(super) fn take_over(conn: &OwnedFd) -> Result<Relay, String> {
+/// Receives a running keeper's handover on `conn` and acknowledges it; `relay_only` as in
+/// [`Relay::new`].
+pub(super) fn take_over(conn: &OwnedFd, relay_only: bool) -> Result<Relay, String> {
     set_recv_timeout(conn, HELLO_TIMEOUT);
     let mut head = [0u8; 1 + MAX_AGENTS];
     let (n, fds) = wire::recv_fds(conn, &mut head).map_err(|e| format!("no handover: {e}"))?;
@@ -70,13 +75,13 @@ pub(super) fn take_over(conn: &OwnedFd) -> Result<Relay, String> {
     let agents: Vec<Agent> = fds
         .zip(&head[1..n])
         .enumerate()
-        .map(|(i, (conn, &closing))| Agent {
-            id: i as u64,
-            conn,
-            closing: closing != 0,
+        .map(|(i, (conn, &flags))| Agent {
+            closing: flags & 1 != 0,
+            direct: flags & 2 != 0,
+            ..Agent::new(i as u64, conn, flags & 4 != 0)
         })
         .collect();
-    let mut relay = Relay::new(fuse, Some(agents)).map_err(|e| e.to_string())?;
+    let mut relay = Relay::new(fuse, Some(agents), relay_only).map_err(|e| e.to_string())?;
     loop {
         let n = socket::recv(conn.as_raw_fd(), &mut relay.buf, MsgFlags::empty())
             .map_err(|e| format!("handover cut short: {e}"))?;
