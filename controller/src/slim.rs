@@ -294,6 +294,8 @@ fn insert(index: &mut HashMap<String, Vec<ObjectRef<SlimPod>>>, p: &SlimPod) {
     let keys = index.entry(node.clone()).or_default();
     let k = key(p);
     if !keys.contains(&k) {
+        // a node has a pod or two here: no spare capacity (a first push would make room for 4)
+        keys.reserve_exact(1);
         keys.push(k);
     }
 }
