@@ -12,8 +12,9 @@
 //! fields). `run` serves them (watches held open; a write fails the run; EMPTY=nodes,pods serves
 //! those kinds empty), runs the controllers until every GpuNode is reconciled and nothing changed
 //! for a second, and prints the heap in use and its peak (a counting allocator, this binary's
-//! only), VmRSS and VmHWM, and the CPU time since the controllers started. `sizes` prints the heap
-//! each slim object holds, beside its own size.
+//! only), VmRSS and VmHWM, and the CPU time since the controllers started. The heartbeats are
+//! `gen`'s time and go stale after an hour (then the controllers write): `gen` again. `sizes`
+//! prints the heap each slim object holds, beside its own size.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
