@@ -1,17 +1,9 @@
 //! The node labels we set, as a Node's metadata tells them and who owns them (server-side
 //! apply's managed fields). What to apply is `plan`'s decision, the apply `write`'s.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
-use kube::core::PartialObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use mockgpu_api::gpunode::CONTROLLER_MANAGER;
-use serde_json::{Map, Value};
-
-/// A Node as the controller watches it: its metadata only (`PartialObjectMetadata`), [`trim`]med
-/// to what [`NodeLabels::of`] reads.
-pub type NodeMeta = PartialObjectMeta<Node>;
+use serde_json::Map;
 
 /// The node's mockgpu profile (`real` on a node with a real driver).
 pub const PROFILE: &str = "mockgpu.io/profile";
@@ -28,22 +20,24 @@ pub const PCI_NVIDIA: &str = "feature.node.kubernetes.io/pci-10de.present";
 /// The labels we may set.
 pub const KEYS: [&str; 5] = [PROFILE, GPU_PRESENT, GPU_COUNT, GPU_PRODUCT, PCI_NVIDIA];
 
-/// `key` as one of [`KEYS`].
-fn known(key: &str) -> Option<&'static str> {
-    KEYS.into_iter().find(|k| *k == key)
+/// The index of `key` in [`KEYS`].
+fn known(key: &str) -> Option<usize> {
+    KEYS.iter().position(|k| *k == key)
 }
 
 /// What labelling decides on of a Node: the current values of the labels we may set ([`KEYS`]),
 /// the label keys our field manager owns through server-side apply, and which of [`KEYS`] another
-/// manager owns (its managed fields, reduced to their label keys).
+/// manager owns (its managed fields, reduced to their label keys). Compact: thousands are cached.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeLabels {
-    /// The values of [`KEYS`], where set.
-    values: BTreeMap<&'static str, String>,
-    /// The label keys our applies own (with an older release's).
-    ours: BTreeSet<String>,
-    /// [`KEYS`] another manager owns.
-    others: BTreeSet<&'static str>,
+    /// The values of [`KEYS`] (by index), where set.
+    values: [Option<Box<str>>; KEYS.len()],
+    /// The [`KEYS`] our applies own (a bit by index).
+    ours: u8,
+    /// Other label keys our applies own (an older release's), sorted.
+    ours_unknown: Vec<Box<str>>,
+    /// The [`KEYS`] another manager owns (a bit by index).
+    others: u8,
 }
 
 impl NodeLabels {
@@ -62,48 +56,65 @@ impl NodeLabels {
     }
 
     /// Takes note of label `key`'s value (kept if it is one of [`KEYS`]).
-    fn observe_label(&mut self, key: &str, value: &str) {
-        if let Some(k) = known(key) {
-            self.values.insert(k, value.to_string());
+    pub(crate) fn observe_label(&mut self, key: &str, value: &str) {
+        if let Some(i) = known(key) {
+            self.values[i] = Some(value.into());
         }
     }
 
     /// Takes note of a managed-fields entry of `manager` and `operation` owning label `key`:
     /// ours through `Apply`, or another manager's (our own `Update`s are neither).
-    fn observe_owner(&mut self, manager: Option<&str>, operation: Option<&str>, key: &str) {
+    pub(crate) fn observe_owner(
+        &mut self,
+        manager: Option<&str>,
+        operation: Option<&str>,
+        key: &str,
+    ) {
         if manager == Some(CONTROLLER_MANAGER) {
-            if operation == Some("Apply") {
-                self.ours.insert(key.to_string());
+            if operation != Some("Apply") {
+                return;
             }
-        } else if let Some(k) = known(key) {
-            self.others.insert(k);
+            match known(key) {
+                Some(i) => self.ours |= 1 << i,
+                None => {
+                    if let Err(at) = self.ours_unknown.binary_search_by(|k| (**k).cmp(key)) {
+                        self.ours_unknown.insert(at, key.into());
+                    }
+                }
+            }
+        } else if let Some(i) = known(key) {
+            self.others |= 1 << i;
         }
     }
 
     /// Whether label `key`, one of [`KEYS`], is set to `value`.
     pub fn has(&self, key: &str, value: &str) -> bool {
-        self.values.get(key).is_some_and(|v| v == value)
+        known(key).is_some_and(|i| self.values[i].as_deref() == Some(value))
     }
 
     /// Whether label `key` is set (if it is one of [`KEYS`]).
     #[cfg(test)]
     pub fn is_set(&self, key: &str) -> bool {
-        self.values.contains_key(key)
+        known(key).is_some_and(|i| self.values[i].is_some())
     }
 
     /// The label keys our field manager owns through apply, sorted.
     pub fn ours(&self) -> impl Iterator<Item = &str> {
-        self.ours.iter().map(String::as_str)
+        let known = (0..KEYS.len()).filter(|i| self.ours & 1 << i != 0);
+        let mut all: Vec<&str> = known.map(|i| KEYS[i]).collect();
+        all.extend(self.ours_unknown.iter().map(|k| &**k));
+        all.sort_unstable();
+        all.into_iter()
     }
 
     /// Whether a field manager other than ours owns label `key` (one of [`KEYS`]).
     pub fn owned_by_another(&self, key: &str) -> bool {
-        self.others.contains(key)
+        known(key).is_some_and(|i| self.others & 1 << i != 0)
     }
 
     /// Whether our field manager owns exactly the label keys `keys`.
     pub fn ours_are<'a>(&self, keys: impl Iterator<Item = &'a String>) -> bool {
-        self.ours.iter().eq(keys)
+        self.ours().eq(keys.map(String::as_str))
     }
 }
 
@@ -117,43 +128,6 @@ fn label_keys(e: &ManagedFieldsEntry) -> impl Iterator<Item = &str> {
         .filter_map(|k| k.strip_prefix("f:"))
 }
 
-/// Trims a watched Node's metadata to its name, UID, resource version, and what
-/// [`NodeLabels::of`] reads: the labels of [`KEYS`], and of the managed-fields entries their
-/// manager, operation and label keys (all of ours, [`KEYS`] of others'; entries without any are
-/// dropped).
-pub fn trim(m: &mut ObjectMeta) {
-    *m = ObjectMeta {
-        name: m.name.take(),
-        uid: m.uid.take(),
-        resource_version: m.resource_version.take(),
-        labels: m.labels.take().map(|mut l| {
-            l.retain(|k, _| known(k).is_some());
-            l
-        }),
-        managed_fields: m.managed_fields.take().map(|entries| {
-            entries
-                .into_iter()
-                .filter_map(|e| {
-                    let ours = e.manager.as_deref() == Some(CONTROLLER_MANAGER);
-                    let keys: Map<String, Value> = label_keys(&e)
-                        .filter(|k| ours || known(k).is_some())
-                        .map(|k| (format!("f:{k}"), Value::Object(Map::new())))
-                        .collect();
-                    (!keys.is_empty()).then(|| ManagedFieldsEntry {
-                        manager: e.manager,
-                        operation: e.operation,
-                        fields_v1: Some(FieldsV1(
-                            serde_json::json!({"f:metadata": {"f:labels": keys}}),
-                        )),
-                        ..ManagedFieldsEntry::default()
-                    })
-                })
-                .collect()
-        }),
-        ..ObjectMeta::default()
-    };
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use kube::runtime::reflector::{self, ObjectRef};
@@ -162,10 +136,19 @@ pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::slim::SlimNode;
 
     /// A Node's metadata as the API server sends it (the kubelet's labels, ours, and the managed
-    /// fields of both, with fields that are not labels), as the watch keeps it ([`trim`]med).
-    pub(crate) fn node_json(owners: &[(&str, &str, &[&str])], labels: &[(&str, &str)]) -> NodeMeta {
+    /// fields of both, with fields that are not labels), as the watch decodes it.
+    pub(crate) fn node_json(owners: &[(&str, &str, &[&str])], labels: &[(&str, &str)]) -> SlimNode {
+        serde_json::from_value(node_value(owners, labels)).unwrap()
+    }
+
+    /// [`node_json`]'s Node, as the API server sends it.
+    pub(crate) fn node_value(
+        owners: &[(&str, &str, &[&str])],
+        labels: &[(&str, &str)],
+    ) -> serde_json::Value {
         let managed: Vec<_> = owners
             .iter()
             .map(|(manager, operation, keys)| {
@@ -185,16 +168,13 @@ pub(crate) mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), json!(v)))
             .collect();
-        let mut n: NodeMeta = serde_json::from_value(json!({
+        json!({
             "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
             "metadata": {
                 "name": "node-a", "uid": "nu", "resourceVersion": "7",
                 "labels": labels, "annotations": {"x": "y"}, "managedFields": managed,
             },
-        }))
-        .unwrap();
-        trim(&mut n.metadata);
-        n
+        })
     }
 
     /// The Node cache (kube-runtime's store) follows the watch: applies, deletions, and a list
@@ -207,9 +187,9 @@ pub(crate) mod tests {
             n.metadata.name = Some(name.into());
             n
         };
-        let (cache, mut writer) = reflector::store::<NodeMeta>();
+        let (cache, mut writer) = reflector::store::<SlimNode>();
         let get = |name: &str| cache.get(&ObjectRef::new(name));
-        let profile = |name: &str| get(name).map(|c| NodeLabels::of(&c.metadata).has(PROFILE, "b"));
+        let profile = |name: &str| get(name).map(|c| c.labels.has(PROFILE, "b"));
         for e in [
             Init,
             InitApply(n("x", "a")),
@@ -232,7 +212,7 @@ pub(crate) mod tests {
         let names: Vec<_> = cache
             .state()
             .iter()
-            .filter(|c| NodeLabels::of(&c.metadata).has(PROFILE, "b"))
+            .filter(|c| c.labels.has(PROFILE, "b"))
             .map(|c| c.metadata.name.clone().unwrap_or_default())
             .collect();
         assert_eq!(names, ["z"]);
@@ -241,50 +221,39 @@ pub(crate) mod tests {
     /// The watch keeps of a Node its identity, our labels and who owns them.
     #[test]
     fn a_node_keeps_our_labels_and_who_owns_them() {
-        let n = node_json(
-            &[
-                (
-                    "kubelet",
-                    "Update",
-                    &["kubernetes.io/hostname", PCI_NVIDIA] as &[&str],
-                ),
-                (
-                    "mockgpu-controller",
-                    "Apply",
-                    &[PROFILE, "old.mockgpu.io/x"],
-                ),
-                ("mockgpu-controller", "Update", &[GPU_COUNT]),
-                (AGENT_MANAGER, "Apply", &[]),
-            ],
-            &[
-                ("kubernetes.io/hostname", "node-a"),
-                (PROFILE, "gb300"),
-                (GPU_COUNT, "4"),
-            ],
-        );
-        assert_eq!(
+        let owners: &[(&str, &str, &[&str])] = &[
             (
-                n.metadata.name.as_deref(),
-                n.metadata.uid.as_deref(),
-                n.metadata.resource_version.as_deref()
+                "kubelet",
+                "Update",
+                &["kubernetes.io/hostname", PCI_NVIDIA] as &[&str],
             ),
-            (Some("node-a"), Some("nu"), Some("7"))
-        );
-        // of the labels only ours, of the managed fields only their label keys
-        let kept: Vec<_> = n
-            .metadata
-            .labels
-            .iter()
-            .flatten()
-            .map(|(k, _)| k.as_str())
-            .collect();
-        assert_eq!(
-            (kept, &n.metadata.annotations),
-            (vec![PROFILE, GPU_COUNT], &None)
-        );
-        let owners: Vec<_> = n.metadata.managed_fields.iter().flatten().collect();
-        assert_eq!(owners.len(), 3, "{owners:?}");
-        let labels = NodeLabels::of(&n.metadata);
+            (
+                "mockgpu-controller",
+                "Apply",
+                &[PROFILE, "old.mockgpu.io/x"],
+            ),
+            ("mockgpu-controller", "Update", &[GPU_COUNT]),
+            (AGENT_MANAGER, "Apply", &[]),
+        ];
+        let labels_of = &[
+            ("kubernetes.io/hostname", "node-a"),
+            (PROFILE, "gb300"),
+            (GPU_COUNT, "4"),
+        ];
+        let n = node_json(owners, labels_of);
+        // of the metadata only the name, UID and resource version
+        let identity = ObjectMeta {
+            name: Some("node-a".into()),
+            uid: Some("nu".into()),
+            resource_version: Some("7".into()),
+            ..ObjectMeta::default()
+        };
+        assert_eq!(n.metadata, identity);
+        let labels = n.labels;
+        // as read from the whole metadata (the cleanup's)
+        let whole: ObjectMeta =
+            serde_json::from_value(node_value(owners, labels_of)["metadata"].take()).unwrap();
+        assert_eq!(labels, NodeLabels::of(&whole));
         assert!(labels.has(PROFILE, "gb300") && labels.has(GPU_COUNT, "4"));
         assert!(!labels.is_set("kubernetes.io/hostname") && !labels.is_set(PCI_NVIDIA));
         assert_eq!(

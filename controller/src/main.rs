@@ -6,9 +6,11 @@ use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand};
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::Selector;
 use mockgpu_controller::lease::Timing;
 use mockgpu_controller::plan::Settings;
 use mockgpu_controller::run::{Config, run};
+use mockgpu_controller::slim::label_selector;
 use mockgpu_controller::slurm::{NoSlurm, NodeDeleted, SlurmNodes};
 use mockgpu_controller::slurmrestd::{self, SecretKey, Slurmrestd, WithSecretToken};
 
@@ -59,9 +61,10 @@ struct RunArgs {
     #[arg(
         long,
         env = "MOCKGPU_SLURMD_SELECTOR",
-        default_value = "app.kubernetes.io/name=slurmd"
+        default_value = "app.kubernetes.io/name=slurmd",
+        value_parser = label_selector
     )]
-    slurmd_selector: String,
+    slurmd_selector: Selector,
     /// Act on Drifted (delete the node's Slurm record, then its slurmd pods) and InjectionMissing
     /// (delete the pod, so that it is recreated with mockgpu's files).
     #[arg(long, env = "MOCKGPU_REMEDIATION", default_value_t = false, action = clap::ArgAction::Set)]

@@ -472,8 +472,8 @@ mod tests {
     use mockgpu_api::{GpuNode, GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning};
 
     use super::*;
-    use crate::labels::NodeMeta;
     use crate::labels::tests::node_json as node;
+    use crate::slim::SlimNode;
     // node(owners, labels): node-a, with managed-fields entries of (manager, operation, keys)
     use crate::slim::tests::{slim, slim_pod};
 
@@ -522,7 +522,7 @@ mod tests {
     }
 
     /// The node as we leave it: our labels in place, owned by us.
-    fn labelled_node() -> NodeMeta {
+    fn labelled_node() -> SlimNode {
         let ours = [
             (PROFILE, "gb300"),
             (GPU_PRESENT, "true"),
@@ -587,7 +587,7 @@ mod tests {
 
     struct Case<'a> {
         gpunode: Option<&'a GpuNode>,
-        node: Option<&'a NodeMeta>,
+        node: Option<&'a SlimNode>,
         slurmd: Vec<&'a Pod>,
         pods: Vec<&'a Pod>,
         now: i64,
@@ -600,7 +600,7 @@ mod tests {
         let pods: Vec<SlimPod> = c.pods.iter().map(|p| slim_pod(p)).collect();
         plan(&Input {
             gpunode: c.gpunode.map(slim).as_ref(),
-            node: c.node.map(|n| NodeLabels::of(&n.metadata)).as_ref(),
+            node: c.node.map(|n| &n.labels),
             slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
             pods: &pods.iter().collect::<Vec<_>>(),
             now: t(c.now),
@@ -608,7 +608,7 @@ mod tests {
         })
     }
 
-    fn case<'a>(g: Option<&'a GpuNode>, n: Option<&'a NodeMeta>) -> Case<'a> {
+    fn case<'a>(g: Option<&'a GpuNode>, n: Option<&'a SlimNode>) -> Case<'a> {
         Case {
             gpunode: g,
             node: n,
@@ -982,7 +982,7 @@ mod label_tests {
 
     /// A node carrying `labels` (key, value), of which we own `ours` through apply.
     fn node(labels: &[(&str, &str)], ours: &[&str]) -> NodeLabels {
-        NodeLabels::of(&node_json(&[(CONTROLLER_MANAGER, "Apply", ours)], labels).metadata)
+        node_json(&[(CONTROLLER_MANAGER, "Apply", ours)], labels).labels
     }
 
     fn set(labels: &[(&str, &str)]) -> BTreeMap<String, String> {

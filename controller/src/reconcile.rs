@@ -16,6 +16,7 @@ use futures::channel::{mpsc, oneshot};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use k8s_openapi::jiff::Timestamp;
+use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{self, Action, Error as ControllerError};
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -23,11 +24,9 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{debug, warn};
 
-use crate::labels;
-use crate::labels::{NodeLabels, NodeMeta};
 use crate::metrics::Metrics;
 use crate::plan::{self, Input, Settings, requests_resource};
-use crate::slim::{PodsByNode, SlimGpuNode, SlimPod};
+use crate::slim::{PodsByNode, SlimGpuNode, SlimNode, SlimPod};
 use crate::slurm::SlurmNodes;
 use crate::write::{WriteError, Writer};
 
@@ -66,10 +65,10 @@ pub struct Context<S> {
     writer: Writer<S>,
     settings: Settings,
     metrics: Metrics,
-    nodes: Store<NodeMeta>,
-    slurmd: PodsByNode,
+    nodes: Store<SlimNode>,
+    /// Slurmd pods and pods that ask for the GPU resource.
     pods: PodsByNode,
-    /// The three caches above have had their first list.
+    /// The two caches above have had their first list.
     synced: Synced,
 }
 
@@ -140,18 +139,55 @@ where
     (events, Synced::new(async move { rx.await.is_ok() }))
 }
 
-/// A cache of the pods of watch `events` (kube-runtime's store, indexed by node), the events
-/// passed through after it, and its first list.
-fn pod_cache<S>(events: S) -> (impl Stream<Item = S::Item> + Send, PodsByNode, Synced)
+/// A cache of the slurmd pods (those `slurmd` selects) and the pods asking for `resource` among
+/// all pods' watch `events` (kube-runtime's store, indexed by node), the events it takes passed
+/// through after it, and its first list.
+fn pod_cache<S>(
+    events: S,
+    slurmd: Selector,
+    resource: String,
+) -> (impl Stream<Item = S::Item> + Send, PodsByNode, Synced)
 where
     S: Stream<Item = Result<watcher::Event<SlimPod>, watcher::Error>> + Send,
 {
     let (store, writer) = reflector::store();
     let listed = Synced::of(store.clone());
-    let cache = PodsByNode::new(store);
+    let cache = PodsByNode::new(store.clone());
     let index = cache.clone();
+    let events = events
+        .modify(move |p| {
+            forget_version(p);
+            mark_slurmd(p, &slurmd);
+        })
+        .try_filter_map(move |e| futures::future::ready(Ok(pod_event(e, &resource, &store))));
     let events = reflector::reflector(writer, events).inspect_ok(move |e| index.apply(e));
     (events, cache, listed)
+}
+
+/// Marks pod `p` as a slurmd pod if `selector` matches its labels, which it then drops.
+fn mark_slurmd(p: &mut SlimPod, selector: &Selector) {
+    let labels = p.metadata.labels.take().unwrap_or_default();
+    p.slurmd = selector.matches(&labels);
+}
+
+/// Watch event `e` of all pods as the pod cache takes it: slurmd pods and pods that ask for
+/// `resource` (a pod's extended resources never change); a pod in the cache (`cached`) that is
+/// neither any more (its labels changed) as its deletion; other pods' deletions not at all.
+fn pod_event(
+    e: watcher::Event<SlimPod>,
+    resource: &str,
+    cached: &Store<SlimPod>,
+) -> Option<watcher::Event<SlimPod>> {
+    let kept = |p: &SlimPod| p.slurmd || requests_resource(p, resource);
+    match e {
+        watcher::Event::Apply(p) if kept(&p) => Some(watcher::Event::Apply(p)),
+        watcher::Event::InitApply(p) => kept(&p).then_some(watcher::Event::InitApply(p)),
+        watcher::Event::Apply(p) | watcher::Event::Delete(p) => cached
+            .get(&ObjectRef::from_obj(&p))
+            .is_some()
+            .then_some(watcher::Event::Delete(p)),
+        e @ (watcher::Event::Init | watcher::Event::InitDone) => Some(e),
+    }
 }
 
 /// `stream`, started once `synced` resolves.
@@ -168,31 +204,32 @@ fn node_of(pod: SlimPod) -> Option<ObjectRef<SlimGpuNode>> {
 }
 
 /// Runs both controllers until they end (they do not, unless every watch stream ends); slurmd
-/// pods are those matching the label selector `slurmd_selector`.
+/// pods are those the label selector `slurmd` matches.
 ///
 /// One watch per kind of object, each cached once (only what `plan` reads, see
-/// [`slim`](crate::slim) and [`labels::trim`]; pods by node, and only GPU pods of all pods),
-/// shared by both controllers. The GpuNodes are listed last, once the other caches are: by then
-/// every Node and pod has triggered its GpuNode, and a (re)start reconciles each GpuNode once.
+/// [`slim`](crate::slim); of all pods the slurmd pods and those asking for the GPU resource, by
+/// node), shared by both controllers. The GpuNodes are listed last, once the other caches are:
+/// by then every Node and pod has triggered its GpuNode, and a (re)start reconciles each GpuNode
+/// once.
 pub async fn controllers<S: SlurmNodes + 'static>(
     client: Client,
     settings: Settings,
     slurm: Option<Arc<S>>,
     recorder: Recorder,
     metrics: Metrics,
-    slurmd_selector: &str,
+    slurmd: Selector,
 ) {
     let gpunodes: Api<SlimGpuNode> = Api::all(client.clone());
     // metadata only
-    let nodes: Api<NodeMeta> = Api::all(client.clone());
+    let nodes: Api<SlimNode> = Api::all(client.clone());
     let pods: Api<SlimPod> = Api::all(client.clone());
     let cfg = watcher::Config::default;
     // the sweep's triggers (Node names): every GpuNode deleted; every Node written that carries
     // labels of ours and has no GpuNode, once the GpuNodes are listed; and once they are, every
     // Node of those already cached
     let (sweep_tx, sweep_rx) = mpsc::unbounded::<String>();
-    // the cache only needs the resource version its watch has read by then: dropping it spares a
-    // copy in each cached GpuNode and in its keys
+    // the caches only need the resource version their watch has read by then: dropping it spares
+    // a copy in each cached object and in its key
     let (gpunode_store, w) = reflector::store();
     let (gpunode_events, gpunodes_listed) = first_list(reflector::reflector(
         w,
@@ -203,7 +240,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     let (node_store, w) = reflector::store();
     let (node_events, nodes_listed) = first_list(reflector::reflector(
         w,
-        watcher(nodes, cfg()).modify(|n| labels::trim(&mut n.metadata)),
+        watcher(nodes, cfg()).modify(forget_version),
     ));
     let (to_sweep, gpunodes, listed) = (
         sweep_tx.clone(),
@@ -235,14 +272,9 @@ pub async fn controllers<S: SlurmNodes + 'static>(
             }
         }
     };
-    let (slurmd_events, slurmd_cache, slurmd_listed) =
-        pod_cache(watcher(pods.clone(), cfg().labels(slurmd_selector)));
-    let resource = settings.gpu_resource.clone();
-    let keep = resource.clone();
-    let (pod_events, gpu_pod_cache, pods_listed) = pod_cache(
-        watcher(pods, cfg()).try_filter(move |e| futures::future::ready(gpu_pod_event(e, &keep))),
-    );
-    let synced = Synced::all(vec![nodes_listed, slurmd_listed, pods_listed]);
+    let (pod_events, pod_cache, pods_listed) =
+        pod_cache(watcher(pods, cfg()), slurmd, settings.gpu_resource.clone());
+    let synced = Synced::all(vec![nodes_listed, pods_listed]);
     let (gone, to_sweep) = (metrics.clone(), sweep_tx.clone());
     let gpunode_events = gpunode_events.inspect_ok(move |e| {
         if let watcher::Event::Delete(g) = e {
@@ -260,8 +292,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
         metrics,
         synced,
         nodes: node_store.clone(),
-        slurmd: slurmd_cache,
-        pods: gpu_pod_cache,
+        pods: pod_cache,
     });
     let main = Controller::for_stream(
         gpunode_events.default_backoff().applied_objects(),
@@ -270,12 +301,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     .watches_stream(touched(node_events), |n| {
         Some(ObjectRef::new(&n.name_any()))
     })
-    .watches_stream(touched(slurmd_events), node_of)
-    .watches_stream(touched(pod_events), move |p| {
-        requests_resource(&p, &resource)
-            .then(|| node_of(p))
-            .flatten()
-    })
+    .watches_stream(touched(pod_events), node_of)
     .with_config(controller_config())
     .run(reconcile_gpunode, retry, ctx.clone())
     .for_each(|r| async move { log_result("GpuNode", r) });
@@ -291,9 +317,8 @@ pub async fn controllers<S: SlurmNodes + 'static>(
 }
 
 /// Whether Node `n` carries labels of ours but has no GpuNode (in `gpunodes`, listed).
-fn orphaned(n: &NodeMeta, gpunodes: &Store<SlimGpuNode>) -> bool {
-    NodeLabels::of(&n.metadata).ours().next().is_some()
-        && gpunodes.get(&ObjectRef::new(&n.name_any())).is_none()
+fn orphaned(n: &SlimNode, gpunodes: &Store<SlimGpuNode>) -> bool {
+    n.labels.ours().next().is_some() && gpunodes.get(&ObjectRef::new(&n.name_any())).is_none()
 }
 
 /// Drops the object's UID.
@@ -304,15 +329,6 @@ fn forget_uid<K: Resource>(o: &mut K) {
 /// Drops the object's resource version (its watch has read it).
 fn forget_version<K: Resource>(o: &mut K) {
     o.meta_mut().resource_version = None;
-}
-
-/// Whether the all-pods cache keeps watch event `e`: pods that ask for `resource` (a pod's
-/// extended resources never change), every deletion and the list's bounds.
-fn gpu_pod_event(e: &watcher::Event<SlimPod>, resource: &str) -> bool {
-    match e {
-        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => requests_resource(p, resource),
-        watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone => true,
-    }
 }
 
 /// A watch stream's changed and deleted objects, with kube-runtime's default backoff.
@@ -349,16 +365,16 @@ async fn reconcile_gpunode<S: SlurmNodes>(
     let started = Instant::now();
     ctx.synced.wait().await?;
     let name = g.name_any();
-    let node = ctx
-        .nodes
-        .get(&ObjectRef::new(&name))
-        .map(|n| NodeLabels::of(&n.metadata));
-    let (slurmd, pods) = (ctx.slurmd.on_node(&name), ctx.pods.on_node(&name));
+    let node = ctx.nodes.get(&ObjectRef::new(&name));
+    let pods = ctx.pods.on_node(&name);
+    let pods_that = |f: &dyn Fn(&SlimPod) -> bool| -> Vec<&SlimPod> {
+        pods.iter().map(|p| &**p).filter(|p| f(p)).collect()
+    };
     let p = plan::plan(&Input {
         gpunode: Some(&g),
-        node: node.as_ref(),
-        slurmd_pods: &slurmd.iter().map(|p| &**p).collect::<Vec<_>>(),
-        pods: &pods.iter().map(|p| &**p).collect::<Vec<_>>(),
+        node: node.as_ref().map(|n| &n.labels),
+        slurmd_pods: &pods_that(&|p| p.slurmd),
+        pods: &pods_that(&|p| requests_resource(p, &ctx.settings.gpu_resource)),
         now: Timestamp::now(),
         settings: &ctx.settings,
     });
@@ -380,7 +396,7 @@ type SweepContext<S> = (Arc<Context<S>>, Store<SlimGpuNode>, Synced);
 
 /// The sweep's reconcile of Node `n`.
 async fn reconcile_node<S: SlurmNodes>(
-    n: Arc<NodeMeta>,
+    n: Arc<SlimNode>,
     ctx: Arc<SweepContext<S>>,
 ) -> Result<Action, ReconcileError> {
     sweep_node(&n.name_any(), &ctx).await?;
@@ -403,7 +419,7 @@ async fn sweep_node<S: SlurmNodes>(
     };
     let p = plan::plan(&Input {
         gpunode: None,
-        node: Some(&NodeLabels::of(&node.metadata)),
+        node: Some(&node.labels),
         slurmd_pods: &[],
         pods: &[],
         now: Timestamp::now(),
@@ -510,11 +526,19 @@ mod tests {
         assert!(matches!(r, Ok(Err(ReconcileError::CacheGone))), "{r:?}");
     }
 
-    /// The all-pods cache keeps GPU pods only, and every deletion and list bound.
+    /// Of all pods the cache keeps the slurmd pods (as the selector tells them by their labels,
+    /// which it drops) and the GPU pods; a cached pod that is neither any more leaves it, and
+    /// deletions of others are dropped.
     #[test]
-    fn only_gpu_pods_are_cached() {
-        let pod = |gpus: Option<&str>| {
-            slim_pod(&Pod {
+    fn slurmd_and_gpu_pods_are_cached() {
+        let pod = |name: &str, app: &str, gpus: Option<&str>| {
+            let mut p = slim_pod(&Pod {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    namespace: Some("ns".into()),
+                    labels: Some([("app".to_string(), app.to_string())].into()),
+                    ..Default::default()
+                },
                 spec: Some(PodSpec {
                     containers: vec![Container {
                         name: "c".into(),
@@ -529,20 +553,37 @@ mod tests {
                     ..Default::default()
                 }),
                 ..Default::default()
-            })
+            });
+            mark_slurmd(&mut p, &crate::slim::label_selector("app=slurmd").unwrap());
+            assert_eq!(p.metadata.labels, None);
+            p
+        };
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Apply(pod("cached", "slurmd", None)));
+        let take = |e| pod_event(e, "nvidia.com/gpu", &store);
+        let name = |e: Option<watcher::Event<SlimPod>>| match e {
+            Some(Init) => "init".to_string(),
+            Some(InitDone) => "done".to_string(),
+            Some(Apply(p)) => format!("apply {} {}", p.name(), p.slurmd),
+            Some(InitApply(p)) => format!("list {} {}", p.name(), p.slurmd),
+            Some(Delete(p)) => format!("delete {}", p.name()),
+            None => "-".to_string(),
         };
         use watcher::Event::*;
         let cases = [
-            (Apply(pod(Some("1"))), true),
-            (InitApply(pod(Some("2"))), true),
-            (Apply(pod(None)), false),
-            (InitApply(pod(Some("0"))), false),
-            (Delete(pod(None)), true),
-            (Init, true),
-            (InitDone, true),
+            (Apply(pod("a", "slurmd", None)), "apply a true"),
+            (InitApply(pod("b", "slurmd", Some("8"))), "list b true"),
+            (Apply(pod("c", "job", Some("1"))), "apply c false"),
+            (InitApply(pod("d", "job", Some("0"))), "-"),
+            (Apply(pod("e", "job", None)), "-"),
+            (Delete(pod("e", "job", None)), "-"),
+            (Apply(pod("cached", "job", None)), "delete cached"),
+            (Delete(pod("cached", "slurmd", None)), "delete cached"),
+            (Init, "init"),
+            (InitDone, "done"),
         ];
-        for (e, keep) in cases {
-            assert_eq!(gpu_pod_event(&e, "nvidia.com/gpu"), keep, "{e:?}");
+        for (e, want) in cases {
+            assert_eq!(name(take(e)), want);
         }
     }
 }

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use kube::core::Selector;
 use kube::{Api, Client};
 use mockgpu_health::{HealthServer, Probe, Registry};
 use tokio::sync::watch;
@@ -29,7 +30,7 @@ pub struct Config {
     /// Election timing.
     pub timing: Timing,
     /// Label selector of slurmd pods.
-    pub slurmd_selector: String,
+    pub slurmd_selector: Selector,
     /// Health endpoint address.
     pub listen: SocketAddr,
     /// The decision's settings.
@@ -100,7 +101,7 @@ pub async fn run<S: SlurmNodes + 'static>(
             slurm.clone(),
             recorder(client.clone(), &cfg.identity),
             metrics.clone(),
-            &cfg.slurmd_selector,
+            cfg.slurmd_selector.clone(),
         );
         let stop = tokio::select! {
             () = &mut shutdown => true,

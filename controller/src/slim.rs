@@ -3,25 +3,28 @@
 //! pod, the managed fields and the annotations of thousands of objects are never allocated: a
 //! full resync of a large cluster costs a fraction of the full objects' CPU and memory. They are
 //! cached in kube-runtime's stores; pods are also indexed by the node they are bound to
-//! ([`PodsByNode`]), so that a reconcile looks up only its node's. (Nodes are watched as
-//! metadata, trimmed by `labels::trim`.)
+//! ([`PodsByNode`]), so that a reconcile looks up only its node's. Nodes are watched as metadata
+//! ([`SlimNode`]).
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
+use kube::core::{Expression, Selector};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use mockgpu_api::gpunode::condition;
 use mockgpu_api::{GpuNode, Mode};
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+
+use crate::labels::NodeLabels;
 
 /// A GpuNode as the controller caches it.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -91,15 +94,31 @@ pub const OUR_CONDITIONS: [&str; 3] = [
     condition::INJECTION_MISSING,
 ];
 
+/// A Node as the controller watches it: its metadata only (requested as `PartialObjectMetadata`),
+/// decoded straight into its name and UID and what labelling decides on; the other labels, the
+/// annotations and the managed fields' other fields are skipped.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(from = "RawNode")]
+pub struct SlimNode {
+    /// Name, UID and resource version (the cache drops it once the watch has read it) only.
+    pub metadata: ObjectMeta,
+    /// Our labels' values and who owns them.
+    pub labels: NodeLabels,
+}
+
 /// A pod as the controller watches it: its metadata (name, namespace, UID, resource version,
-/// deletion time), the node it is bound to, and what `Drifted`, the Slurm node's name and
+/// labels, deletion time), the node it is bound to, and what `Drifted`, the Slurm node's name and
 /// `InjectionMissing` read. The rest (the managed fields, most of the spec and status) is skipped
 /// while decoding. Boxed strings and slices here and below: no spare capacity in thousands.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(from = "RawPod")]
 pub struct SlimPod {
-    /// Name, namespace, UID, resource version and deletion time only.
+    /// Name, namespace, UID, resource version, labels and deletion time only (the cache drops the
+    /// resource version once the watch has read it, and the labels once they told
+    /// [`slurmd`](Self::slurmd)).
     pub metadata: ObjectMeta,
+    /// A slurmd pod (false until the watch tells it).
+    pub slurmd: bool,
     /// `spec.nodeName` (`None`: not scheduled yet).
     pub node: Option<String>,
     /// On the host network.
@@ -131,6 +150,65 @@ impl SlimPod {
     /// Being deleted (it has a deletion time).
     pub fn deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
+    }
+}
+
+/// Label selector `s` as the API server reads one: comma-separated requirements that must all
+/// hold, each `k=v` (or `k==v`), `k!=v`, `k in (v, w)`, `k notin (v, w)`, `k` (set) or `!k`
+/// (not set); an empty one selects everything.
+pub fn label_selector(s: &str) -> Result<Selector, String> {
+    let mut terms = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                terms.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&s[start..]);
+    let mut selector = Selector::default();
+    if s.trim().is_empty() {
+        return Ok(selector);
+    }
+    for t in terms {
+        let e = requirement(t.trim()).ok_or_else(|| format!("not a label selector: {s:?}"))?;
+        selector.extend(e);
+    }
+    Ok(selector)
+}
+
+/// One requirement of a label selector.
+fn requirement(t: &str) -> Option<Expression> {
+    let token = |w: &str| {
+        let w = w.trim();
+        (!w.contains(|c: char| c.is_whitespace() || "=!(),<>".contains(c))).then(|| w.to_string())
+    };
+    let key = |w: &str| token(w).filter(|k| !k.is_empty());
+    if let Some(k) = t.strip_prefix('!') {
+        return Some(Expression::DoesNotExist(key(k)?));
+    }
+    if let Some((k, v)) = t.split_once("!=") {
+        return Some(Expression::NotEqual(key(k)?, token(v)?));
+    }
+    if let Some((k, v)) = t.split_once('=') {
+        let v = v.strip_prefix('=').unwrap_or(v);
+        return Some(Expression::Equal(key(k)?, token(v)?));
+    }
+    let Some((k, rest)) = t.split_once(char::is_whitespace) else {
+        return Some(Expression::Exists(key(t)?));
+    };
+    let (op, set) = rest.split_once('(')?;
+    let values = set.strip_suffix(')')?.split(',').map(token);
+    let values = values.collect::<Option<BTreeSet<_>>>()?;
+    match op.trim() {
+        "in" => Some(Expression::In(key(k)?, values)),
+        "notin" => Some(Expression::NotIn(key(k)?, values)),
+        _ => None,
     }
 }
 
@@ -216,11 +294,13 @@ fn insert(index: &mut HashMap<String, Vec<ObjectRef<SlimPod>>>, p: &SlimPod) {
     let keys = index.entry(node.clone()).or_default();
     let k = key(p);
     if !keys.contains(&k) {
+        // a node has a pod or two here: no spare capacity (a first push would make room for 4)
+        keys.reserve_exact(1);
         keys.push(k);
     }
 }
 
-/// The metadata fields kept of every cached object.
+/// The metadata fields kept of a watched GpuNode or pod (labels: of a pod only).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Meta {
@@ -231,6 +311,7 @@ struct Meta {
     generation: Option<i64>,
     creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
+    labels: Option<BTreeMap<String, String>>,
 }
 
 impl From<Meta> for ObjectMeta {
@@ -243,13 +324,19 @@ impl From<Meta> for ObjectMeta {
             generation: m.generation,
             creation_timestamp: m.creation_timestamp,
             deletion_timestamp: m.deletion_timestamp,
+            labels: m.labels,
             ..ObjectMeta::default()
         }
     }
 }
 
+/// A GpuNode's metadata (without labels).
 fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    Meta::deserialize(d).map(ObjectMeta::from)
+    let m = Meta::deserialize(d)?;
+    Ok(ObjectMeta {
+        labels: None,
+        ..m.into()
+    })
 }
 
 /// `spec.gpus`: the first element's `model`; the rest is skipped.
@@ -282,11 +369,80 @@ fn our_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Condition>, D::
     Ok(all)
 }
 
+/// A `PartialObjectMetadata` of a Node, as decoded before [`SlimNode`] keeps its part.
+#[derive(Deserialize)]
+struct RawNode {
+    metadata: RawNodeMeta,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawNodeMeta {
+    name: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    managed_fields: Option<Vec<RawOwner>>,
+}
+
+/// A managed-fields entry: its manager and operation, and the label keys among its fields.
+#[derive(Deserialize)]
+struct RawOwner {
+    manager: Option<String>,
+    operation: Option<String>,
+    #[serde(rename = "fieldsV1")]
+    fields: Option<RawFields>,
+}
+
+#[derive(Deserialize)]
+struct RawFields {
+    #[serde(rename = "f:metadata")]
+    metadata: Option<RawMetaFields>,
+}
+
+#[derive(Deserialize)]
+struct RawMetaFields {
+    #[serde(rename = "f:labels")]
+    labels: Option<BTreeMap<String, IgnoredAny>>,
+}
+
+impl From<RawNode> for SlimNode {
+    fn from(raw: RawNode) -> Self {
+        let m = raw.metadata;
+        let mut labels = NodeLabels::default();
+        for (k, v) in m.labels.iter().flatten() {
+            labels.observe_label(k, v);
+        }
+        for o in m.managed_fields.iter().flatten() {
+            let keys = o
+                .fields
+                .as_ref()
+                .and_then(|f| f.metadata.as_ref()?.labels.as_ref())
+                .into_iter()
+                .flat_map(BTreeMap::keys)
+                .filter_map(|k| k.strip_prefix("f:"));
+            for key in keys {
+                labels.observe_owner(o.manager.as_deref(), o.operation.as_deref(), key);
+            }
+        }
+        SlimNode {
+            metadata: ObjectMeta {
+                name: m.name,
+                uid: m.uid,
+                resource_version: m.resource_version,
+                ..ObjectMeta::default()
+            },
+            labels,
+        }
+    }
+}
+
 /// A pod as decoded before [`SlimPod`] keeps its part.
 #[derive(Deserialize)]
 struct RawPod {
-    #[serde(deserialize_with = "slim_meta")]
-    metadata: ObjectMeta,
+    metadata: Meta,
     #[serde(default)]
     spec: Option<RawPodSpec>,
     #[serde(default)]
@@ -361,7 +517,7 @@ impl RawContainerStatus {
 
 impl From<RawPod> for SlimPod {
     fn from(raw: RawPod) -> Self {
-        let m = raw.metadata;
+        let m = raw.metadata.into();
         let spec = raw.spec.unwrap_or_default();
         let status = raw.status.unwrap_or_default();
         let statuses = status.container_statuses.unwrap_or_default();
@@ -397,6 +553,7 @@ impl From<RawPod> for SlimPod {
             .into();
         SlimPod {
             metadata: m,
+            slurmd: false,
             node: spec.node_name,
             host_network: spec.host_network.unwrap_or(false),
             hostname: spec.hostname.map(String::into_boxed_str),
@@ -406,9 +563,10 @@ impl From<RawPod> for SlimPod {
     }
 }
 
-/// `Resource` for `$slim`, a slim form of `$full`: the same kind, group, version and plural.
+/// `Resource` for `$slim`, a slim form of `$full`: the same kind, group, version and plural;
+/// requested as metadata only if `$metadata`.
 macro_rules! resource_of {
-    ($slim:ty, $full:ty) => {
+    ($slim:ty, $full:ty, $metadata:literal) => {
         impl Resource for $slim {
             type DynamicType = ();
             type Scope = <$full as Resource>::Scope;
@@ -431,12 +589,16 @@ macro_rules! resource_of {
             fn meta_mut(&mut self) -> &mut ObjectMeta {
                 &mut self.metadata
             }
+            fn metadata_api() -> bool {
+                $metadata
+            }
         }
     };
 }
 
-resource_of!(SlimGpuNode, GpuNode);
-resource_of!(SlimPod, Pod);
+resource_of!(SlimGpuNode, GpuNode, false);
+resource_of!(SlimNode, Node, true);
+resource_of!(SlimPod, Pod, false);
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -556,8 +718,10 @@ pub(crate) mod tests {
             SlimPod::url_path(&(), Some("ns")),
             Pod::url_path(&(), Some("ns"))
         );
+        assert_eq!(SlimNode::url_path(&(), None), Node::url_path(&(), None));
         assert!(!SlimPod::metadata_api());
         assert!(!SlimGpuNode::metadata_api());
+        assert!(SlimNode::metadata_api());
     }
 
     /// A slurmd pod as the API server sends a Slinky NodeSet's: managed fields, an init
@@ -644,7 +808,13 @@ pub(crate) mod tests {
                 Some("42")
             )
         );
-        assert_eq!((&m.labels, &m.managed_fields), (&None, &None));
+        // the labels are kept until the watch has told a slurmd pod by them
+        let labels = m.labels.iter().flatten().map(|(k, _)| k.as_str());
+        assert_eq!(
+            labels.collect::<Vec<_>>(),
+            ["app.kubernetes.io/name", "controller-revision-hash"]
+        );
+        assert_eq!((&m.managed_fields, p.slurmd), (&None, false));
         assert_eq!(
             (p.namespace(), p.name(), p.uid()),
             ("slurm", "slurm-worker-gpu-0", "pu-1")
@@ -673,6 +843,41 @@ pub(crate) mod tests {
                 running_since: Some(at("2026-01-01T00:00:08Z")),
             }]
         );
+    }
+
+    #[test]
+    fn label_selectors_select_as_the_api_servers() {
+        use kube::core::SelectorExt;
+        let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let slurmd = labels(&[("app.kubernetes.io/name", "slurmd"), ("tier", "gpu")]);
+        let other = labels(&[("app.kubernetes.io/name", "nginx")]);
+        for (s, on_slurmd, on_other) in [
+            ("app.kubernetes.io/name=slurmd", true, false),
+            ("app.kubernetes.io/name==slurmd", true, false),
+            ("app.kubernetes.io/name!=slurmd", false, true),
+            (
+                "app.kubernetes.io/name in (slurmd, nginx),tier",
+                true,
+                false,
+            ),
+            ("app.kubernetes.io/name notin (slurmd), !tier", false, true),
+            ("tier in (gpu)", true, false),
+            ("", true, true),
+        ] {
+            let sel = label_selector(s).unwrap();
+            assert_eq!(
+                (sel.matches(&slurmd), sel.matches(&other)),
+                (on_slurmd, on_other),
+                "{s}"
+            );
+        }
+        for bad in ["a in b", "a>1", "=b", "a=b=c", "a,", "a in (b", "x y"] {
+            assert!(label_selector(bad).is_err(), "{bad}");
+        }
     }
 
     /// A pod not running yet: the pod's start, a container not running; a pod being deleted on

@@ -6,7 +6,7 @@ use mockgpu_api::gpunode::{AGENT_MANAGER, CONTROLLER_MANAGER};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::labels::tests::node_json;
+use crate::labels::tests::{node_json, node_value};
 use crate::labels::{GPU_COUNT, PROFILE};
 use crate::mock_api::{Sent, api_server, api_server_holding, requests, status};
 use crate::slim::tests::slim;
@@ -29,7 +29,6 @@ fn context(client: Client) -> Context<FakeSlurm> {
             gpu_resource: "nvidia.com/gpu".into(),
         },
         nodes: reflector::store().0,
-        slurmd: PodsByNode::new(reflector::store().0),
         pods: PodsByNode::new(reflector::store().0),
         synced: Synced::new(async { true }),
     }
@@ -183,20 +182,17 @@ fn cluster(
         let items = if uri.starts_with("/apis/mockgpu.io/") {
             vec![serde_json::to_value(gpunode()).unwrap()]
         } else if uri.starts_with("/api/v1/nodes") {
-            let node_a = node_json(
+            let node_a = node_value(
                 &[("kubelet", "Update", &["kubernetes.io/hostname"])],
                 &[("kubernetes.io/hostname", "node-a")],
             );
-            let mut node_b = node_json(
+            let mut node_b = node_value(
                 &[(CONTROLLER_MANAGER, "Apply", &[PROFILE])],
                 &[(PROFILE, "gb300")],
             );
-            node_b.metadata.name = Some("node-b".into());
-            node_b.metadata.uid = Some("nb".into());
-            [node_a, node_b]
-                .iter()
-                .map(|n| serde_json::to_value(n).unwrap())
-                .collect()
+            node_b["metadata"]["name"] = json!("node-b");
+            node_b["metadata"]["uid"] = json!("nb");
+            vec![node_a, node_b]
         } else {
             Vec::new()
         };
@@ -219,7 +215,7 @@ async fn the_controllers_label_a_new_node_and_sweep_an_orphaned_one() {
         None::<Arc<FakeSlurm>>,
         recorder,
         Metrics::default(),
-        "app.kubernetes.io/name=slurmd",
+        crate::slim::label_selector("app.kubernetes.io/name=slurmd").unwrap(),
     ));
     // the five writes, or what came of them by the deadline
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
