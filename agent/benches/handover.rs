@@ -12,6 +12,7 @@
 //! Run as root (FUSE mounts; a private mount namespace):
 //! `cargo bench -p mockgpu-agent --bench handover`.
 
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -97,21 +98,32 @@ fn read_round(mnt: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// CPU time the threads of processes `pids` have spent so far (the first field of
-/// `/proc/<pid>/task/*/schedstat`).
-fn cpu(pids: &[i32]) -> Duration {
-    let mut ns = 0;
+/// CPU time each thread of processes `pids` has spent so far (the first field of
+/// `/proc/<pid>/task/*/schedstat`), by thread id.
+fn cpu(pids: &[i32]) -> HashMap<String, u64> {
+    let mut ns = HashMap::new();
     for pid in pids {
         for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
             let sched = fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
-            ns += sched
-                .split_whitespace()
-                .next()
-                .and_then(|f| f.parse::<u64>().ok())
-                .unwrap_or(0);
+            let spent = sched.split_whitespace().next().and_then(|f| f.parse().ok());
+            ns.insert(
+                task.file_name().to_string_lossy().into_owned(),
+                spent.unwrap_or(0),
+            );
         }
     }
-    Duration::from_nanos(ns)
+    ns
+}
+
+/// The CPU time spent between two [`cpu`] readings, by the threads alive at the second (a
+/// thread that ended meanwhile, an idle pool thread, takes its figure with it).
+fn spent(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> Duration {
+    Duration::from_nanos(
+        after
+            .iter()
+            .map(|(tid, &ns)| ns.saturating_sub(before.get(tid).copied().unwrap_or(0)))
+            .sum(),
+    )
 }
 
 /// The median wall time of an uncached lookup, and the CPU time of `pids` per lookup.
@@ -123,7 +135,7 @@ fn lookups(mnt: &Path, pids: &[i32]) -> (Duration, Duration) {
         probe(mnt);
         t.push(s.elapsed());
     }
-    (median(t), (cpu(pids) - before) / LOOKUPS as u32)
+    (median(t), spent(&before, &cpu(pids)) / LOOKUPS as u32)
 }
 
 /// The median CPU time of `pids` for one cold open+read+close of an `information` file.
@@ -136,7 +148,7 @@ fn cold_reads(mnt: &Path, pids: &[i32]) -> Duration {
         fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
         let before = cpu(pids);
         fs::read(&info).unwrap();
-        t.push(cpu(pids) - before);
+        t.push(spent(&before, &cpu(pids)));
     }
     median(t)
 }
@@ -232,8 +244,7 @@ fn run() {
 fn stop_keeper(pid: i32) {
     let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
     let start = Instant::now();
-    while fs::metadata(format!("/proc/{pid}")).is_ok() && start.elapsed() < Duration::from_secs(5)
-    {
+    while fs::metadata(format!("/proc/{pid}")).is_ok() && start.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }

@@ -83,10 +83,7 @@ impl Mounted {
                 // The keeper answers with one DESTROY per thread, behind what it sent before.
                 if wire::send(conn, &wire::bye(FUSE_THREADS as u8)).is_err() {
                     // The keeper is gone: the threads read an end of file, if they have not yet.
-                    nix::sys::socket::shutdown(
-                        conn.as_raw_fd(),
-                        nix::sys::socket::Shutdown::Read,
-                    )?;
+                    nix::sys::socket::shutdown(conn.as_raw_fd(), nix::sys::socket::Shutdown::Read)?;
                 }
                 return joined(session.join());
             }

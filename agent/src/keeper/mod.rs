@@ -110,19 +110,18 @@ pub fn run(layout: &Layout, data_path: DataPath) -> Result<Outcome, KeeperError>
         .map_err(io_err("create a signalfd"))?;
     let mut relay = match connect(&path, KEEPER_HELLO) {
         Ok(conn) => {
-            let relay = takeover::take_over(&conn, relay_only).map_err(|reason| KeeperError::Takeover {
-                path: path.clone(),
-                reason,
-            })?;
+            let relay =
+                takeover::take_over(&conn, relay_only).map_err(|reason| KeeperError::Takeover {
+                    path: path.clone(),
+                    reason,
+                })?;
             tracing::info!(
                 socket = %path.display(), agents = relay.agents.len(), inflight = relay.inflight.len(),
                 "took the FUSE connection over from the running keeper"
             );
             relay
         }
-        Err(e) if nobody_listens(e) => {
-            Relay::new(device::mount_device(layout)?, None, relay_only)?
-        }
+        Err(e) if nobody_listens(e) => Relay::new(device::mount_device(layout)?, None, relay_only)?,
         Err(e) => return Err(io_err(format!("connect to {}", path.display()))(e)),
     };
     let listener = listen(&path)?;

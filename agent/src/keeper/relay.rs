@@ -536,17 +536,33 @@ mod tests {
         let first = agent_of(&mut relay, true);
         relay.queue(init(true));
         relay.flush();
-        assert_eq!(recv(&first), Some(init(true)), "INIT goes through the relay");
+        assert_eq!(
+            recv(&first),
+            Some(init(true)),
+            "INIT goes through the relay"
+        );
         socket::send(first.as_raw_fd(), &reply(2, b"init"), MsgFlags::empty()).unwrap();
         relay.pump(0);
-        assert_eq!(recv(&kernel), Some(reply(2, b"init")), "the kernel is answered");
-        assert_eq!(word_of(&first), (word::DEVICE.to_vec(), 1), "then the device");
+        assert_eq!(
+            recv(&kernel),
+            Some(reply(2, b"init")),
+            "the kernel is answered"
+        );
+        assert_eq!(
+            word_of(&first),
+            (word::DEVICE.to_vec(), 1),
+            "then the device"
+        );
         assert!(relay.current().is_none(), "nothing is relayed to it");
         // A later agent gets the recorded INIT, then the device at once.
         let second = agent_of(&mut relay, true);
         assert_eq!(recv(&second), Some(init(true)));
         assert_eq!(word_of(&second), (word::DEVICE.to_vec(), 1));
-        assert_eq!(recv(&first), Some(word::STOP.to_vec()), "the older one stops");
+        assert_eq!(
+            recv(&first),
+            Some(word::STOP.to_vec()),
+            "the older one stops"
+        );
         assert!(relay.agents[0].closing);
         socket::send(second.as_raw_fd(), &reply(2, b"init"), MsgFlags::empty()).unwrap();
         relay.pump(1);
@@ -578,12 +594,20 @@ mod tests {
             assert_eq!(word_of(&agent), (word::RELAY.to_vec(), 0));
             relay.queue(request(15, 4));
             relay.flush();
-            assert_eq!(recv(&agent), Some(request(15, 4)), "requests follow the word");
+            assert_eq!(
+                recv(&agent),
+                Some(request(15, 4)),
+                "requests follow the word"
+            );
             drop(agent);
             relay.pump(0);
             assert_eq!(recv(&kernel), Some(reply(2, b"init")));
             assert_eq!(recv(&kernel), None, "no resend for a relayed agent");
-            assert_eq!(relay.backlog.len(), 1, "its request waits for the next agent");
+            assert_eq!(
+                relay.backlog.len(),
+                1,
+                "its request waits for the next agent"
+            );
         }
     }
 

@@ -19,11 +19,11 @@ impl Relay {
         let mut fds: Vec<RawFd> = vec![self.fuse.as_raw_fd()];
         fds.extend(agents.iter().map(|a| a.conn.as_raw_fd()));
         let mut head = vec![handover::HEAD];
-        head.extend(agents.iter().map(|a| {
-            u8::from(a.closing)
-                | u8::from(a.direct) << 1
-                | u8::from(a.awaits_word) << 2
-        }));
+        head.extend(
+            agents.iter().map(|a| {
+                u8::from(a.closing) | u8::from(a.direct) << 1 | u8::from(a.awaits_word) << 2
+            }),
+        );
         let send = |msg: &[u8]| wire::send(conn, msg).map(drop).map_err(|e| e.to_string());
         wire::send_fds(conn, &head, &fds).map_err(|e| e.to_string())?;
         let init = [
