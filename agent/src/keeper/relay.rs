@@ -399,6 +399,11 @@ mod tests {
     /// A relay whose "device" is one end of a socketpair (the test plays the kernel on the other)
     /// and a connected agent whose far end the test holds.
     fn relay() -> (Relay, OwnedFd) {
+        relay_with(false)
+    }
+
+    /// [`relay`], relaying to every agent with `relay_only`.
+    fn relay_with(relay_only: bool) -> (Relay, OwnedFd) {
         let (kernel, device) = socket::socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -406,7 +411,7 @@ mod tests {
             SockFlag::SOCK_CLOEXEC,
         )
         .unwrap();
-        (Relay::new(device, None, false).unwrap(), kernel)
+        (Relay::new(device, None, relay_only).unwrap(), kernel)
     }
 
     /// An agent of the relay's days ([`wire::RELAYED_AGENT_HELLO`]): told nothing.
@@ -577,14 +582,7 @@ mod tests {
     #[test]
     fn where_the_kernel_cannot_resend_or_relay_is_asked_for_agents_are_relayed_to() {
         for (resends, relay_only) in [(false, false), (true, true)] {
-            let (kernel, device) = socket::socketpair(
-                AddressFamily::Unix,
-                SockType::SeqPacket,
-                None,
-                SockFlag::SOCK_CLOEXEC,
-            )
-            .unwrap();
-            let mut relay = Relay::new(device, None, relay_only).unwrap();
+            let (mut relay, kernel) = relay_with(relay_only);
             let agent = agent_of(&mut relay, true);
             relay.queue(init(resends));
             relay.flush();
