@@ -111,7 +111,8 @@ stop_kinds() {  # stop_kinds SIG <kind>...: signal our live processes of those k
     while read -r p st; do ours "$p" "$st" && kill "-$sig" "$p" 2>/dev/null && ps+=("$p $st"); done < <(awk -v k="$k" '$1==k{print $2, $3}' "$PIDS")
     awk -v k="$k" '$1!=k' "$PIDS" > "$PIDS.tmp"; mv -f "$PIDS.tmp" "$PIDS"
   done
-  for p in "${ps[@]}"; do for _ in $(seq 100); do ours "$p" || break; sleep 0.1; done; done
+  # shellcheck disable=SC2086 # "pid start" splits into ours's two arguments
+  for p in "${ps[@]}"; do for _ in $(seq 100); do ours $p || break; sleep 0.1; done; done
 }
 wait_for() {  # wait_for <seconds> <what> <command...>: poll every 0.1 s until a deadline (a slow
   # command, such as kubectl, does not stretch the wait)
