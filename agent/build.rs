@@ -67,7 +67,10 @@ fn carried() {
             dir.join("Cargo.toml"),
         ]
     });
+    // Plus the one crate of ours that both depend on.
     for path in sources.chain([
+        workspace_dir.join("cdylib-rt/src"),
+        workspace_dir.join("cdylib-rt/Cargo.toml"),
         workspace_dir.join("Cargo.toml"),
         workspace_dir.join("Cargo.lock"),
     ]) {

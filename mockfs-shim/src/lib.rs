@@ -32,28 +32,4 @@ mod path;
 #[cfg(not(test))]
 mod sys;
 
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_: &core::panic::PanicInfo) -> ! {
-    // Unreachable by construction (no indexing, no unchecked arithmetic); never unwind into C.
-    // SAFETY: abort has no preconditions.
-    unsafe { libc::abort() }
-}
-
-// `rust_eh_personality` is referenced by the unwind tables of the precompiled `core`, but never
-// called: nothing here unwinds (`panic = "abort"`). Defined hidden, so that it is not exported
-// and cannot capture another Rust library's unwinding; it traps if ever reached.
-#[cfg(all(not(test), target_arch = "x86_64"))]
-core::arch::global_asm!(
-    ".globl rust_eh_personality",
-    ".hidden rust_eh_personality",
-    "rust_eh_personality:",
-    "ud2"
-);
-#[cfg(all(not(test), target_arch = "aarch64"))]
-core::arch::global_asm!(
-    ".globl rust_eh_personality",
-    ".hidden rust_eh_personality",
-    "rust_eh_personality:",
-    "brk #1"
-);
+mockgpu_cdylib_rt::runtime!();

@@ -37,37 +37,4 @@ mod telemetry;
 #[global_allocator]
 static ALLOC: sys::Malloc = sys::Malloc;
 
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_: &core::panic::PanicInfo) -> ! {
-    // Unreachable by construction (no indexing, no unchecked arithmetic); never unwind into C.
-    // SAFETY: abort has no preconditions.
-    unsafe { libc::abort() }
-}
-
-// `rust_eh_personality` and `_Unwind_Resume` are referenced by the unwind tables and landing
-// pads of the precompiled `core` and `alloc` (built to unwind), never called: nothing here
-// unwinds (`panic = "abort"`). Defined hidden, so that they are neither exported nor imported
-// (no libgcc_s, whose `_Unwind_Resume` a program without it lacks); each traps if ever reached.
-#[cfg(all(not(test), target_arch = "x86_64"))]
-core::arch::global_asm!(
-    ".globl rust_eh_personality",
-    ".hidden rust_eh_personality",
-    "rust_eh_personality:",
-    "ud2",
-    ".globl _Unwind_Resume",
-    ".hidden _Unwind_Resume",
-    "_Unwind_Resume:",
-    "ud2"
-);
-#[cfg(all(not(test), target_arch = "aarch64"))]
-core::arch::global_asm!(
-    ".globl rust_eh_personality",
-    ".hidden rust_eh_personality",
-    "rust_eh_personality:",
-    "brk #1",
-    ".globl _Unwind_Resume",
-    ".hidden _Unwind_Resume",
-    "_Unwind_Resume:",
-    "brk #1"
-);
+mockgpu_cdylib_rt::runtime!();
