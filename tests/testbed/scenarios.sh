@@ -7,6 +7,16 @@ GPU_PROFILE=gb300
 SLURMD_POD=slurm-0
 
 # ---------------------------------------------------------------------------------------------
+# the scenarios written in Rust (tests/testbed/src/scenarios): `mgtb-scenarios --exact NAME` runs
+# one against this test bed (`mgtb-scenarios --list` names them). The node's smoke-pod and
+# isolation steps are two of them (cluster.sh has its own isolation).
+
+SCENARIOS_BIN=${SCENARIOS_BIN:-$(dirname "$CRI_BIN")/mgtb-scenarios}
+rust_scenario() { R=$R LOGS=$LOGS ST=$ST CRI_SOCKET=$CRI_SOCKET "$SCENARIOS_BIN" --exact "$1"; }
+smoke_pod() { rust_scenario smoke-pod; }
+isolation() { rust_scenario isolation; }
+
+# ---------------------------------------------------------------------------------------------
 # helpers
 
 ctr_up() {  # ctr_up <key> <mgtb-cri up args...>: start a container; its POD/CTR/PID/... go to $ST/<key>.env
@@ -185,19 +195,6 @@ slurm_logs() {  # print what helps when a Slurm step fails
 # ---------------------------------------------------------------------------------------------
 # smoke: the infrastructure without mockgpu
 
-smoke_pod() {
-  ctr_up smoke --pod smoke --name main --label app=smoke -- /bin/sleep 3600
-  local pid; pid=$(ctr smoke PID)
-  [ "$(cexec smoke echo hello)" = hello ] || fail "exec"
-  local rc=0; cexec smoke sh -c 'exit 7' || rc=$?
-  [ $rc = 7 ] || fail "exec exit code: $rc, want 7"
-  grep -q "$CGROUP_PARENT/" "/proc/$pid/cgroup" || fail "container not below $CGROUP_PARENT: $(head -3 "/proc/$pid/cgroup")"
-  [ "$(readlink "/proc/$pid/ns/net")" = "$(readlink "/proc/$(nodepid)/ns/net")" ] || fail "pod is not in the node's network namespace"
-  timing smoke-container-create "$(ctr smoke CREATE_MS) ms (start $(ctr smoke START_MS) ms)"
-  cri down smoke
-  ! alive "$pid" || fail "container process $pid survived its pod"
-}
-
 smoke_slurm() {
   slurm_write_conf fake
   slurm_ctl_up
@@ -215,13 +212,6 @@ smoke_slurm() {
   echo "  srun --gres=gpu:5 refused: $(head -1 "$LOGS/srun-gpu5.log")"
   cri down "$SLURMD_POD" > /dev/null
   slurm_ctl_down
-}
-
-isolation() {  # the node reaches nothing but loopback, and no image was ever pulled
-  local links; links=$(innode busybox ip -o link show | awk -F': ' '{print $2}' | tr '\n' ' ')
-  [ "$links" = "lo " ] || fail "the node's network namespace has more than lo: $links"
-  ! grep -qiE 'PullImage|pulling image' "$LOGS/containerd.log" || fail "containerd pulled an image: $(grep -iE 'PullImage|pulling image' "$LOGS/containerd.log" | head -1)"
-  echo "  node network: lo only; no image pulled"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -270,9 +260,9 @@ agent_up() {
 run_scenarios() {
   sstep seed-verification scenario_seed
   sstep exec-slurmd scenario_exec_slurmd
-  sstep only-gpu-containers scenario_only_gpu
-  sstep consumers-lspci-hwloc scenario_consumers
-  sstep live-change scenario_live_change
+  sstep only-gpu-containers rust_scenario only-gpu-containers
+  sstep consumers-lspci-hwloc rust_scenario consumers-lspci-hwloc
+  sstep live-change rust_scenario live-change
   sstep agent-restart scenario_agent_restart
   sstep agent-surge scenario_agent_surge
   sstep runtime-restart scenario_runtime_restart
@@ -344,56 +334,10 @@ scenario_exec_slurmd() {  # `mockgpu-agent exec` runs slurmd on the node itself,
   done
 }
 
-scenario_only_gpu() {
-  [ -s "$ST/slurmd.env" ] || fail "needs the slurmd container of seed-verification"
-  ctr_up sidecar --pod "$SLURMD_POD" --name logfile -- /bin/sleep 3600      # same pod, no GPUs
-  ctr_up other --pod other-0 --name main -- /bin/sleep 3600                  # another pod
-  ctr_up other-gpu --pod other-0 --name gpu --env NVIDIA_VISIBLE_DEVICES=none -- /bin/sleep 3600
-  assert_untouched sidecar
-  assert_untouched other
-  assert_untouched other-gpu
-  # the opt-in annotation does inject a container without devices or env
-  ctr_up annotated --pod annotated-0 --name worker --pod-annotation mockgpu.io/inject=worker -- /bin/sleep 3600
-  assert_injected annotated
-  # and a device-plugin-style container holding /dev/nvidia1 gets GPU 1 only
-  ctr_up gpu1 --pod device-0 --name main --device /dev/null:/dev/nvidia1 -- /bin/sleep 3600
-  assert_injected gpu1 1
-  cri down other-0 annotated-0 device-0 > /dev/null
-  cri rm "$(ctr sidecar CTR)"
-}
-
-scenario_consumers() {
-  [ -s "$ST/slurmd.env" ] || fail "needs the slurmd container of seed-verification"
-  local l h b; l=$(cexec slurmd lspci -d 10de:) || fail "lspci -d 10de: failed"
-  echo "$l" | sed 's/^/  lspci: /'
-  [ "$(echo "$l" | grep -c .)" = 4 ] || fail "lspci -d 10de: lists $(echo "$l" | grep -c .) devices, want 4"
-  h=$(cexec slurmd hwloc-ls) || fail "hwloc-ls failed"
-  echo "$h" > "$LOGS/hwloc-ls.txt"
-  for b in $(echo "$l" | awk '{print $1}'); do
-    grep -q "PCI ${b}" "$LOGS/hwloc-ls.txt" || grep -q "${b}" "$LOGS/hwloc-ls.txt" || fail "hwloc-ls does not list GPU $b (see $LOGS/hwloc-ls.txt)"
-  done
-  echo "  hwloc-ls: $(grep -c 'PCI' "$LOGS/hwloc-ls.txt") PCI lines, all 4 GPUs present"
-}
-
 gpu_count_in() { cexec "$1" sh -c 'ls /proc/driver/nvidia/gpus | wc -l'; }
 
-gpus_in_slurmd_are() { [ "$(gpu_count_in slurmd)" = "$1" ]; }
 # reader_reads_since <ms since the epoch> <n>: the container's reader has logged n reads since then
 reader_reads_since() { [ "$(cexec slurmd awk -v t="$1" '$1 > t' /tmp/reader.log | wc -l)" -ge "$2" ]; }
-
-scenario_live_change() {
-  [ -s "$ST/slurmd.env" ] || fail "needs the slurmd container of seed-verification"
-  local pid0 t; pid0=$(ctr slurmd PID)
-  [ "$(gpu_count_in slurmd)" = 4 ] || fail "want 4 GPUs before the change"
-  t=$(date +%s%N); write_profile 2
-  wait_for 30 "the container to see 2 GPUs" gpus_in_slurmd_are 2 || fail "the container still sees $(gpu_count_in slurmd) GPUs 30 s after the change"
-  timing live-change-4-to-2 "$(ms "$t") ms"
-  [ "$(cexec slurmd lspci -d 10de: | grep -c .)" = 2 ] || fail "lspci does not follow the change"
-  alive "$pid0" || fail "the container was restarted"
-  t=$(date +%s%N); write_profile 4
-  wait_for 30 "the container to see 4 GPUs again" gpus_in_slurmd_are 4 || fail "the container does not see 4 GPUs again"
-  timing live-change-2-to-4 "$(ms "$t") ms"
-}
 
 agent_logged() { tail -n +"$1" "$LOGS/agent.log" | matches -F "$2"; }  # agent_logged <first line> <text>
 

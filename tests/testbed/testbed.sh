@@ -355,7 +355,7 @@ phase_up() {
 
 print_env() {
   cat <<EOF
-export TB='$TB' R='$R' LOGS='$LOGS' NODE_PID='$(nodepid)'
+export TB='$TB' R='$R' LOGS='$LOGS' ST='$ST' NODE_PID='$(nodepid)' MGTB_CGROUP_PARENT='$CGROUP_PARENT'
 export CRI_SOCKET='$CRI_SOCKET' NRI_SOCKET='$NRI_SOCKET' CRI_BIN='$CRI_BIN'
 # enter the node: nsenter -t \$NODE_PID -m -n; paths in CRI requests and NRI adjustments are node paths (\$R/...)
 EOF
@@ -431,12 +431,12 @@ on_err() {  # on_err <rc> <command> <line>: the ERR trap of a step (not of its $
   STEP_FAILED=1; echo "FAIL: \`$2\` exited $1 (line $3)" >&2
 }
 
-step() {  # step <name> <function>: run in a subshell (its `fail` ends only the step), time it
+step() {  # step <name> <function> [args]: run in a subshell (its `fail` ends only the step), time it
   local t rc; t=$(date +%s%N)
   log "=== $1"
   # a failing command names itself (once), so that no step fails silently
   set +e
-  ( set -eE; STEP_FAILED=; trap 'on_err $? "$BASH_COMMAND" "$LINENO"' ERR; "$2" )
+  ( set -eE; STEP_FAILED=; trap 'on_err $? "$BASH_COMMAND" "$LINENO"' ERR; "${@:2}" )
   rc=$?; set -e
   if [ $rc = 0 ]; then PASSED=$((PASSED + 1)); echo "PASS $1 ($(ms "$t") ms)" | tee -a "$LOGS/summary.txt"
   else FAILED=$((FAILED + 1)); FAILED_NAMES+=("$1"); echo "FAIL $1 ($(ms "$t") ms)" | tee -a "$LOGS/summary.txt"; fi

@@ -13,6 +13,7 @@ use crate::spec::{ContainerSpec, PodSpec};
 use crate::{Error, Result};
 
 /// A connected CRI runtime service.
+#[derive(Clone)]
 pub struct Cri {
     rt: RuntimeServiceClient<Channel>,
 }

@@ -1,0 +1,306 @@
+//! The test bed as a scenario sees it: its paths and its node (from what `testbed.sh env`
+//! exports), commands inside the node, containers through CRI, waits with deadlines, timings.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use mockgpu_testbed::client::{Cri, ExecOutput};
+use mockgpu_testbed::spec::{ContainerSpec, PodSpec};
+
+/// The environment a command inside the node gets (as `testbed.sh`'s `innode`).
+const NODE_ENV: [&str; 5] = [
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME=/root",
+    "TERM=dumb",
+    "LANG=C.UTF-8",
+    "DEBIAN_FRONTEND=noninteractive",
+];
+
+/// Characters of a log line in a failure's report.
+const LOG_LINE_MAX: usize = 240;
+
+/// Bound on one CRI request.
+const CRI_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running test bed.
+pub struct Bed {
+    /// The node's root file system, as the host sees it.
+    pub root: PathBuf,
+    /// The logs of the test bed's processes (`containerd.log`, `agent.log`, …).
+    pub logs: PathBuf,
+    /// State the steps share (`node.pid`, `<key>.env` of containers).
+    pub state: PathBuf,
+    cri_socket: PathBuf,
+    /// The cgroup below which every pod lives.
+    pub cgroup_parent: String,
+}
+
+/// A running container.
+#[derive(Debug, Clone)]
+pub struct Ctr {
+    pub id: String,
+    /// Host PID of its first process.
+    pub pid: u32,
+    pub create: Duration,
+    pub start: Duration,
+}
+
+fn var(name: &str) -> Result<String> {
+    std::env::var(name).with_context(|| {
+        format!("${name} is not set: run through testbed.sh, or after `eval \"$(testbed.sh env)\"`")
+    })
+}
+
+impl Bed {
+    /// The test bed `testbed.sh` describes in the environment.
+    pub fn from_env() -> Result<Self> {
+        Ok(Bed {
+            root: var("R")?.into(),
+            logs: var("LOGS")?.into(),
+            state: var("ST")?.into(),
+            cri_socket: var("CRI_SOCKET")?.into(),
+            cgroup_parent: var("MGTB_CGROUP_PARENT")?,
+        })
+    }
+
+    /// A host path of a path in the node.
+    pub fn node_path(&self, path: &str) -> PathBuf {
+        self.root.join(path.trim_start_matches('/'))
+    }
+
+    /// The PID whose namespaces are the node's.
+    pub fn node_pid(&self) -> Result<u32> {
+        let p = self.state.join("node.pid");
+        let s = std::fs::read_to_string(&p)
+            .with_context(|| format!("{}: is the test bed up?", p.display()))?;
+        s.trim()
+            .parse()
+            .with_context(|| format!("{}: not a PID: {s:?}", p.display()))
+    }
+
+    /// `args` inside the node (its mount and network namespaces), with a clean environment.
+    pub fn innode(&self, args: &[&str]) -> Result<Command> {
+        let mut c = Command::new("nsenter");
+        c.args([
+            "-t",
+            &self.node_pid()?.to_string(),
+            "-m",
+            "-n",
+            "--",
+            "/usr/bin/env",
+            "-i",
+        ]);
+        c.args(NODE_ENV).args(args);
+        Ok(c)
+    }
+
+    /// `args` inside the node; its standard output, or an error with its standard error.
+    pub fn in_node(&self, args: &[&str]) -> Result<String> {
+        let out = self
+            .innode(args)?
+            .output()
+            .with_context(|| format!("nsenter {args:?}"))?;
+        checked(args, out)
+    }
+
+    /// The CRI runtime of the node.
+    pub async fn cri(&self) -> Result<Cri> {
+        Cri::connect(&self.cri_socket, CRI_TIMEOUT)
+            .await
+            .with_context(|| format!("CRI socket {}", self.cri_socket.display()))
+    }
+
+    /// A host-network pod of the test bed.
+    pub fn pod(&self, name: &str) -> PodSpec {
+        PodSpec {
+            name: name.into(),
+            namespace: "default".into(),
+            cgroup_parent: self.cgroup_parent.clone(),
+            ..PodSpec::default()
+        }
+    }
+
+    /// Runs a container and waits until it runs its own program (StartContainer returns while
+    /// runc's init may still be its process).
+    pub async fn up(&self, cri: &mut Cri, pod: &PodSpec, c: &ContainerSpec) -> Result<Ctr> {
+        let s = cri
+            .up(pod, c, true)
+            .await
+            .with_context(|| format!("up {}/{}", pod.name, c.name))?;
+        let ctr = Ctr {
+            id: s.container_id,
+            pid: s.pid,
+            create: s.create,
+            start: s.start,
+        };
+        let comm = format!("/proc/{}/comm", ctr.pid);
+        wait_for(
+            10,
+            &format!("container {} to exec its program", c.name),
+            || async {
+                std::fs::read_to_string(&comm).is_ok_and(|s| s.trim_end() != "runc:[2:INIT]")
+            },
+        )
+        .await?;
+        Ok(ctr)
+    }
+
+    /// A container an earlier step started, from its `<key>.env` (CTR=, PID=).
+    pub fn container(&self, key: &str) -> Result<Ctr> {
+        let p = self.state.join(format!("{key}.env"));
+        let s = std::fs::read_to_string(&p).with_context(|| {
+            format!(
+                "{}: needs the container {key} of an earlier step",
+                p.display()
+            )
+        })?;
+        let kv: HashMap<&str, &str> = s.lines().filter_map(|l| l.split_once('=')).collect();
+        let get = |k: &str| {
+            kv.get(k)
+                .copied()
+                .with_context(|| format!("{}: no {k}=", p.display()))
+        };
+        Ok(Ctr {
+            id: get("CTR")?.into(),
+            pid: get("PID")?
+                .parse()
+                .with_context(|| format!("{}: PID", p.display()))?,
+            create: Duration::ZERO,
+            start: Duration::ZERO,
+        })
+    }
+
+    /// Prints a timing line and keeps it in `timings.txt`, as `testbed.sh`'s `timing`.
+    pub fn timing(&self, what: &str, value: &str) {
+        let line = format!("TIMING {what}: {value}\n");
+        print!("{line}");
+        let path = self.logs.join("timings.txt");
+        let kept = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+        if let Err(e) = kept {
+            eprintln!("{}: {e}", path.display());
+        }
+    }
+
+    /// The last `n` lines of each log, for a failure's report.
+    pub fn log_tails(&self, names: &[&str], n: usize) -> String {
+        let mut out = String::new();
+        for name in names {
+            let p = self.logs.join(name);
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            writeln!(out, "--- {} (last {n} lines)", p.display()).ok();
+            for l in &lines[lines.len().saturating_sub(n)..] {
+                // (the runtime's debug lines hold whole OCI specs)
+                match l.char_indices().nth(LOG_LINE_MAX) {
+                    Some((i, _)) => writeln!(out, "{}…", &l[..i]),
+                    None => writeln!(out, "{l}"),
+                }
+                .ok();
+            }
+        }
+        out
+    }
+}
+
+/// Runs `cmd` in a container; retried twice when the runtime could not start it (runc's rare
+/// "init-p" races), as `mgtb-cri exec` does.
+pub async fn exec(cri: &mut Cri, ctr: &Ctr, cmd: &[&str]) -> Result<ExecOutput> {
+    let cmd: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+    let mut attempt = 0;
+    loop {
+        match cri.exec(&ctr.id, &cmd, 60).await {
+            Ok(out) => return Ok(out),
+            Err(e) if attempt < 2 => {
+                eprintln!("exec {cmd:?} in {}: {e}; retrying", ctr.id);
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e).with_context(|| format!("exec {cmd:?} in {}", ctr.id)),
+        }
+    }
+}
+
+/// Runs `cmd` in a container; its standard output, or an error naming its exit code and
+/// standard error.
+pub async fn exec_ok(cri: &mut Cri, ctr: &Ctr, cmd: &[&str]) -> Result<String> {
+    let out = exec(cri, ctr, cmd).await?;
+    if out.exit_code != 0 {
+        bail!(
+            "{cmd:?} exited {}: {}",
+            out.exit_code,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn checked(args: &[&str], out: Output) -> Result<String> {
+    if !out.status.success() {
+        bail!(
+            "{args:?} in the node: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Polls `ready` every 100 ms until it holds; an error naming `what` after `secs` seconds.
+pub async fn wait_for<F, Fut>(secs: u64, what: &str, mut ready: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if ready().await {
+            return Ok(());
+        }
+        if Instant::now() >= end {
+            bail!("timed out after {secs} s waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether a process runs (a zombie does not).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
+
+/// The lines of a process's environment.
+pub fn environ(pid: u32) -> Result<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ"))
+        .with_context(|| format!("/proc/{pid}/environ"))?;
+    Ok(raw
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect())
+}
+
+/// The mount points of a process, with their optional fields (`master:N` …), from mountinfo.
+pub fn mounts(pid: u32) -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .with_context(|| format!("/proc/{pid}/mountinfo"))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            Some((f.get(4)?.to_string(), f.get(6..sep)?.join(" ")))
+        })
+        .collect())
+}
