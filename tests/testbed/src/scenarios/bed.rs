@@ -5,12 +5,14 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use mockgpu_testbed::client::{Cri, ExecOutput};
 use mockgpu_testbed::spec::{ContainerSpec, PodSpec};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 /// The environment a command inside the node gets (as `testbed.sh`'s `innode`).
 const NODE_ENV: [&str; 5] = [
@@ -38,6 +40,9 @@ pub struct Bed {
     cri_socket: PathBuf,
     /// The cgroup below which every pod lives.
     pub cgroup_parent: String,
+    /// `<kind> <pid> <start time>` of every process the test bed started (`testbed.sh` reads it
+    /// at teardown).
+    pids: PathBuf,
 }
 
 /// A running container.
@@ -65,6 +70,7 @@ impl Bed {
             state: var("ST")?.into(),
             cri_socket: var("CRI_SOCKET")?.into(),
             cgroup_parent: var("MGTB_CGROUP_PARENT")?,
+            pids: PathBuf::from(var("TB")?).join("pids.txt"),
         })
     }
 
@@ -106,6 +112,73 @@ impl Bed {
             .output()
             .with_context(|| format!("nsenter {args:?}"))?;
         checked(args, out)
+    }
+
+    /// Starts a daemon inside the node, in a session of its own, its output appended to
+    /// `<logs>/<log>`; kept in the PID list under `kind`, so that `stop` and teardown find it.
+    pub fn spawn(&self, kind: &str, log: &str, args: &[&str]) -> Result<u32> {
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.logs.join(log))?;
+        let mut c = Command::new("setsid");
+        c.args([
+            "nsenter",
+            "-t",
+            &self.node_pid()?.to_string(),
+            "-m",
+            "-n",
+            "--",
+        ]);
+        c.args(["/usr/bin/env", "-i"]).args(NODE_ENV).args(args);
+        let child = c
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("spawn {kind}: {args:?}"))?;
+        let pid = child.id();
+        // (setsid and nsenter exec what follows: the PID is the daemon's)
+        let start = start_time(pid).with_context(|| format!("{kind} (pid {pid}) ended at once"))?;
+        let mut list = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&self.pids)?;
+        std::io::Write::write_all(&mut list, format!("{kind} {pid} {start}\n").as_bytes())?;
+        Ok(pid)
+    }
+
+    /// Sends `signal` to the test bed's processes of `kinds` (those still the processes it
+    /// started: the start time guards against a reused PID), drops them from the PID list and
+    /// waits up to 10 s for each to end.
+    pub async fn stop(&self, signal: Signal, kinds: &[&str]) -> Result<()> {
+        let list = std::fs::read_to_string(&self.pids).unwrap_or_default();
+        let (ours, rest): (Vec<&str>, Vec<&str>) = list
+            .lines()
+            .partition(|l| l.split(' ').next().is_some_and(|k| kinds.contains(&k)));
+        let mut signalled = Vec::new();
+        for line in ours {
+            let mut f = line.split(' ').skip(1);
+            let (Some(pid), Some(start)) = (f.next().and_then(|p| p.parse::<u32>().ok()), f.next())
+            else {
+                continue;
+            };
+            if start_time(pid).as_deref() == Some(start) {
+                let target = Pid::from_raw(i32::try_from(pid)?);
+                if kill(target, signal).is_ok() {
+                    signalled.push((pid, start.to_owned()));
+                }
+            }
+        }
+        let kept: String = rest.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(&self.pids, kept)?;
+        for (pid, start) in signalled {
+            wait_for(10, &format!("pid {pid} to end after {signal}"), || async {
+                start_time(pid).as_deref() != Some(start.as_str())
+            })
+            .await?;
+        }
+        Ok(())
     }
 
     /// The CRI runtime of the node.
@@ -272,12 +345,20 @@ where
     }
 }
 
+/// A running process's start time (field 22 of its `stat`); `None` when it is gone or a zombie.
+pub fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let fields: Vec<&str> = rest.split(' ').collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19).map(|s| s.to_string())
+}
+
 /// Whether a process runs (a zombie does not).
 pub fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-    })
+    start_time(pid).is_some()
 }
 
 /// The lines of a process's environment.
@@ -303,4 +384,39 @@ pub fn mounts(pid: u32) -> Result<Vec<(String, String)>> {
             Some((f.get(4)?.to_string(), f.get(6..sep)?.join(" ")))
         })
         .collect())
+}
+
+impl Bed {
+    /// How many lines a log of the test bed has now.
+    pub fn log_lines(&self, log: &str) -> usize {
+        std::fs::read_to_string(self.logs.join(log)).map_or(0, |s| s.lines().count())
+    }
+
+    /// Whether a line after the first `from` lines of a log contains `text`.
+    pub fn logged_since(&self, log: &str, from: usize, text: &str) -> bool {
+        std::fs::read_to_string(self.logs.join(log))
+            .is_ok_and(|s| s.lines().skip(from).any(|l| l.contains(text)))
+    }
+
+    /// Starts containerd in the node and waits for its CRI and NRI sockets.
+    pub async fn start_containerd(&self) -> Result<()> {
+        let args = [
+            "containerd",
+            "--config",
+            "/etc/containerd/config.toml",
+            "--log-level",
+            "debug",
+        ];
+        let pid = self.spawn("containerd", "containerd.log", &args)?;
+        std::fs::write(self.state.join("containerd.pid"), format!("{pid}\n"))?;
+        wait_for(20, "containerd's CRI socket", || async {
+            match self.cri().await {
+                Ok(mut c) => c.version().await.is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await?;
+        let nri = self.node_path("/run/nri/nri.sock");
+        wait_for(10, "the NRI socket", || async { nri.exists() }).await
+    }
 }

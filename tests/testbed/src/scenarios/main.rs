@@ -16,11 +16,12 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use crate::bed::Bed;
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 5] = [
+const SCENARIOS: [&str; 6] = [
     "smoke-pod",
     "only-gpu-containers",
     "consumers-lspci-hwloc",
     "live-change",
+    "runtime-restart",
     "isolation",
 ];
 
@@ -30,6 +31,7 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "only-gpu-containers" => node::only_gpu_containers(bed).await,
         "consumers-lspci-hwloc" => node::consumers_lspci_hwloc(bed).await,
         "live-change" => node::live_change(bed).await,
+        "runtime-restart" => node::runtime_restart(bed).await,
         "isolation" => node::isolation(bed).await,
         _ => bail!("no scenario {name}"),
     }

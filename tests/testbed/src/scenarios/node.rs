@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use mockgpu_testbed::client::Cri;
 use mockgpu_testbed::spec::{self, ContainerSpec};
+use nix::sys::signal::Signal;
 
 use crate::bed::{Bed, Ctr, alive, environ, exec, exec_ok, mounts, wait_for};
 
@@ -265,5 +266,38 @@ pub async fn live_change(bed: &Bed) -> Result<()> {
         );
         ensure!(alive(slurmd.pid), "the container was restarted");
     }
+    Ok(())
+}
+
+/// containerd restarted under a running agent: the plugin registers again by itself, a new GPU
+/// container is injected, and the slurmd container keeps its GPUs.
+pub async fn runtime_restart(bed: &Bed) -> Result<()> {
+    let n0 = bed.log_lines("containerd.log");
+    let t = Instant::now();
+    bed.stop(Signal::SIGTERM, &["containerd"]).await?;
+    bed.start_containerd().await?;
+    wait_for(
+        30,
+        "the plugin to register with the restarted containerd",
+        || async { bed.logged_since("containerd.log", n0, "registered as") },
+    )
+    .await?;
+    bed.timing(
+        "runtime-restart-to-plugin-registered",
+        &format!("{} ms", t.elapsed().as_millis()),
+    );
+    let mut cri = bed.cri().await?;
+    let mut gpu = sleeper("gpu");
+    gpu.env = vec![("NVIDIA_VISIBLE_DEVICES".into(), "all".into())];
+    let ctr = bed.up(&mut cri, &bed.pod("after-restart-0"), &gpu).await?;
+    assert_injected(&mut cri, "after-restart", &ctr, &ALL_MINORS).await?;
+    if let Ok(slurmd) = bed.container("slurmd") {
+        let n = gpu_count(&mut cri, &slurmd).await?;
+        ensure!(
+            n == 4,
+            "the slurmd container sees {n} GPUs after the runtime restart, want 4"
+        );
+    }
+    cri.down(&["after-restart-0".into()]).await?;
     Ok(())
 }
