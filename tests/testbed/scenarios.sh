@@ -13,8 +13,12 @@ SLURMD_POD=slurm-0
 
 SCENARIOS_BIN=${SCENARIOS_BIN:-$(dirname "$CRI_BIN")/mgtb-scenarios}
 # (fd 9, the run lock, is not inherited: the daemons a scenario starts would hold it)
-rust_scenario() { TB=$TB R=$R LOGS=$LOGS ST=$ST CRI_SOCKET=$CRI_SOCKET "$SCENARIOS_BIN" --exact "$1" 9>&-; }
+rust_scenario() {
+  TB=$TB R=$R LOGS=$LOGS ST=$ST CRI_SOCKET=$CRI_SOCKET AGENT_ARGS=$AGENT_ARGS LAT_N=$LAT_N \
+    AGENT_RESTART_PAUSE=$AGENT_RESTART_PAUSE LAT_MAX_RATIO=${LAT_MAX_RATIO:-} "$SCENARIOS_BIN" --exact "$1" 9>&-
+}
 smoke_pod() { rust_scenario smoke-pod; }
+scenario_latency() { rust_scenario nri-latency; }
 isolation() { rust_scenario isolation; }
 
 # ---------------------------------------------------------------------------------------------
@@ -264,8 +268,8 @@ run_scenarios() {
   sstep only-gpu-containers rust_scenario only-gpu-containers
   sstep consumers-lspci-hwloc rust_scenario consumers-lspci-hwloc
   sstep live-change rust_scenario live-change
-  sstep agent-restart scenario_agent_restart
-  sstep agent-surge scenario_agent_surge
+  sstep agent-restart rust_scenario agent-restart
+  sstep agent-surge rust_scenario agent-surge
   sstep runtime-restart rust_scenario runtime-restart
   sstep slurmrestd-delete-node scenario_slurmrestd
   sstep constrain-devices scenario_constrain_devices
@@ -335,160 +339,6 @@ scenario_exec_slurmd() {  # `mockgpu-agent exec` runs slurmd on the node itself,
   done
 }
 
-
-# reader_reads_since <ms since the epoch> <n>: the container's reader has logged n reads since then
-reader_reads_since() { [ "$(cexec slurmd awk -v t="$1" '$1 > t' /tmp/reader.log | wc -l)" -ge "$2" ]; }
-
-agent_logged() { tail -n +"$1" "$LOGS/agent.log" | matches -F "$2"; }  # agent_logged <first line> <text>
-
-log_ms() {  # log_ms <log> <first line> <text>: the time (ms since the epoch) of the first line from
-  # <first line> on that contains <text>, from its tracing timestamp
-  local ts; ts=$(tail -n +"$2" "$1" | grep -F "$3" | awk 'NR == 1 {print $1}')   # (no -m1: see matches)
-  [ -n "$ts" ] && date -d "$ts" +%s%3N
-}
-
-scenario_agent_restart() {
-  # The keeper holds the FUSE connection: across a SIGTERM and a SIGKILL of the agent (the
-  # successor started at once) a reader in a running container must see no failed read at all.
-  [ -s "$ST/slurmd.env" ] || fail "needs the slurmd container of seed-verification"
-  local pid0 sig old t0 t_sig t_start n0 l0 t_reg fails reads gap; pid0=$(ctr slurmd PID)
-  # a reader inside the container, 50 reads/s, each line "<ms since epoch> ok|fail"
-  cexec slurmd sh -c 'rm -f /tmp/reader.log; (while :; do
-      if cat /proc/driver/nvidia/gpus/*/information > /dev/null 2>&1; then r=ok; else r=fail; fi
-      echo "$(date +%s%3N) $r"; sleep 0.02; done > /tmp/reader.log 2>&1 < /dev/null & echo $! > /tmp/reader.pid)'
-  wait_for 10 "the reader's first reads" reader_reads_since 0 10 || fail "the reader logged no reads"
-  cexec slurmd grep -q ' ok$' /tmp/reader.log || fail "the reader cannot read the driver files before the restart"
-  ! cexec slurmd grep -q ' fail$' /tmp/reader.log || fail "the reader failed before the restart"
-  grep -q 'started a keeper' "$LOGS/agent.log" || fail "the agent serves without a keeper"
-  t0=$(date +%s%3N)
-  for sig in TERM KILL; do
-    n0=$(nri_lines); l0=$(( $(wc -l < "$LOGS/agent.log") + 1 )); t_sig=$(date +%s%3N); old=$(cat "$ST/agent.pid")
-    kill "-$sig" "$old"
-    [ "$sig" = TERM ] || sleep "$AGENT_RESTART_PAUSE"
-    t_start=$(date +%s%N)
-    start_agent
-    wait_for 30 "the agent restarted after SIG$sig to be ready" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
-    timing "agent-restart-sig$sig-to-ready" "$(ms "$t_start") ms"
-    wait_for 10 "the restarted agent to log its NRI registration" agent_logged "$l0" 'registered with the NRI runtime' \
-      || { tail -20 "$LOGS/agent.log"; exit 1; }
-    t_reg=$(log_ms "$LOGS/agent.log" "$l0" 'registered with the NRI runtime') || fail "no timestamp on the NRI registration line"
-    timing "agent-restart-sig$sig-nri-reconnect" "$(( t_reg - t_start / 1000000 )) ms from the new agent's start to its NRI registration ($(( t_reg - t_sig )) ms from SIG$sig)"
-    agent_logged "$l0" 'connected to the running keeper' || fail "the agent restarted after SIG$sig did not join the keeper"
-    # (a process killed while it waits for a FUSE reply cannot exit until one comes)
-    wait_for 10 "the agent stopped with SIG$sig to exit" gone "$old" || fail "the agent stopped with SIG$sig (pid $old) did not exit"
-  done
-  # reads after the last restart too
-  wait_for 10 "the reader's reads after the restarts" reader_reads_since "$(date +%s%3N)" 10 || fail "the reader stopped after the restarts"
-  cexec slurmd sh -c 'kill $(cat /tmp/reader.pid)'
-  cri exec "$(ctr slurmd CTR)" -- cat /tmp/reader.log > "$LOGS/reader.log"
-  alive "$pid0" || fail "the slurmd container was restarted"
-  fails=$(awk -v t="$t0" '$1 > t && $2 == "fail"' "$LOGS/reader.log" | wc -l)
-  reads=$(awk -v t="$t0" '$1 > t' "$LOGS/reader.log" | wc -l)
-  gap=$(awk -v t="$t0" '$1 > t {if (p && $1 - p > g) g = $1 - p; p = $1} END {print g + 0}' "$LOGS/reader.log")
-  echo "  reader: $reads reads across the two restarts, $fails failed; longest gap between two reads $gap ms (20 ms when none waited)"
-  timing agent-restart-failed-reads "$fails of $reads (SIGTERM and SIGKILL restarts; longest gap between reads $gap ms)"
-  [ "$fails" = 0 ] || fail "$fails reads failed inside the container across the agent restarts"
-  local s; s=$(srun_ ls /proc/driver/nvidia/gpus | grep -c .) || fail "srun after the agent restart"
-  [ "$s" = 4 ] || fail "a job after the agent restart sees $s GPUs"
-}
-
-injections_of() { tail -n +"$1" "$LOGS/agent.log" | grep -c "injected the mock pod=$2 " || true; }  # injections_of <first line> <pod>
-
-scenario_agent_surge() {
-  # A rollout (maxSurge) starts the new agent beside the old one: until the old one stops, both
-  # agents' NRI plugins adjust every GPU container, and the runtime fails the creation when two
-  # plugins set the same mount, env or device without removing it first.
-  local old n0 l0 n; old=$(cat "$ST/agent.pid"); n0=$(nri_lines); l0=$(( $(wc -l < "$LOGS/agent.log") + 1 ))
-  start_agent
-  wait_for 30 "the second agent registered with the runtime" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
-  wait_for 10 "the second agent to join the keeper" agent_logged "$l0" 'connected to the running keeper' || { tail -20 "$LOGS/agent.log"; exit 1; }
-  # its plugin registers before its own mount is ready and refuses GPU containers until then
-  # (fail closed: the kubelet retries), so the creation below waits for it to be ready
-  wait_for 10 "the second agent to be ready" agent_logged "$l0" 'serve: ready' || { tail -20 "$LOGS/agent.log"; exit 1; }
-  alive "$old" || fail "the first agent stopped when the second started"
-  ctr_up surge --pod surge-0 --name main --device /dev/null:/dev/nvidia1 -- /bin/sleep 3600
-  assert_injected surge 1
-  n=$(injections_of "$l0" surge-0)
-  [ "$n" = 2 ] || fail "the container was adjusted by $n plugins, want both agents' 2"
-  echo "  a GPU container created while two agents' NRI plugins are registered: adjusted by both, created, injected"
-  # the old agent leaves; the new one injects alone
-  kill -TERM "$old"
-  wait_for 15 "the first agent to stop" gone "$old" || fail "the first agent did not stop on SIGTERM"
-  ctr_up surge-after --pod surge-1 --name main --device /dev/null:/dev/nvidia2 -- /bin/sleep 3600
-  assert_injected surge-after 2
-  n=$(injections_of "$l0" surge-1)
-  [ "$n" = 1 ] || fail "after the first agent stopped, the container was adjusted by $n plugins, want 1"
-  cri down surge-0 surge-1 > /dev/null
-}
-
-LAT_WARMUP=2                         # unmeasured creations before each round's LAT_N
-LAT_MAX_RATIO=${LAT_MAX_RATIO:-3}    # bound on median(plugin on) / median(plugin off)
-AGENT_METRICS=http://127.0.0.1:9464/metrics   # the agent's default --listen, in the node
-
-nri_closed_since() { tail -n +"$(( $1 + 1 ))" "$LOGS/containerd.log" | matches -F 'mockgpu\" closed'; }  # nri_closed_since <line count>
-
-latency_round() {  # latency_round <file> <mgtb-cri create-latency args...>: append raw samples to file
-  cri create-latency -n "$LAT_N" --warmup "$LAT_WARMUP" --raw "${@:2}" | sed -n 's/^sample_ms //p' >> "$1"
-}
-
-metric() {  # metric <name{labels}>: its value on the agent's /metrics (busybox wget waits 900 s
-  # for a reply unless told otherwise)
-  local v; v=$(innode busybox wget -q -T 5 -O - "$AGENT_METRICS" | awk -v m="$1" '$1 == m {print $2}')
-  [ -n "$v" ] || fail "no metric $1 at $AGENT_METRICS"
-  echo "$v"
-}
-
-latency_round_on() {  # latency_round_on <file> <injections per creation: 1|0> <args...>: a round with the
-  # plugin, which must see every creation and inject exactly the GPU containers
-  local n=$(( LAT_N + LAT_WARMUP )) ev='mockgpu_nri_events_total{event="create_container"}' c0 i0 e0 c i e
-  local err='mockgpu_nri_errors_total{outcome="fail_open"}'
-  c0=$(metric "$ev"); i0=$(metric mockgpu_nri_injections_total); e0=$(metric "$err")
-  latency_round "$1" "${@:3}"
-  c=$(metric "$ev"); i=$(metric mockgpu_nri_injections_total); e=$(metric "$err")
-  c=$(( c - c0 )); i=$(( i - i0 )); e=$(( e - e0 ))
-  [ "$c" = "$n" ] || fail "${1##*.}: the plugin saw $c CreateContainer requests, want $n"
-  [ "$i" = $(( n * $2 )) ] || fail "${1##*.}: the plugin injected $i of $n containers, want $(( n * $2 ))"
-  [ "$e" = 0 ] || fail "${1##*.}: $e creations failed open"
-}
-
-median_ms() { sort -g "$1" | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-
-summarize_ms() {  # summarize_ms <file>: n, median and p90 (nearest rank) of one value per line
-  sort -g "$1" | awk '{v[NR] = $1} END {
-    if (!NR) {print "no samples"; exit 1}
-    m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    r = int((90 * NR + 99) / 100); if (r < 1) r = 1
-    printf "n=%d median_ms=%.2f p90_ms=%.2f min_ms=%.2f max_ms=%.2f\n", NR, m, v[r], v[1], v[NR]}'
-}
-
-scenario_latency() {
-  # CRI CreateContainer round trip with the plugin connected and without it, in alternating rounds
-  # (on, off, on, off) so that load from elsewhere on the machine hits both sides alike
-  alive "$(cat "$ST/agent.pid" 2>/dev/null || echo 0)" || fail "the agent is not running"
-  local L=$ST/latency k n0; rm -f "$L".*
-  for _ in 1 2; do
-    latency_round_on "$L.gpu-on" 1 --pod lat-gpu --env NVIDIA_VISIBLE_DEVICES=all
-    latency_round_on "$L.plain-on" 0 --pod lat-plain
-    n0=$(nri_lines); stop_kinds TERM agent
-    ! alive "$(cat "$ST/agent.pid")" || fail "the agent survived SIGTERM; the plugin-off rounds would not be"
-    wait_for 10 "the runtime to drop the plugin" nri_closed_since "$n0" || fail "containerd did not log the plugin's connection closed"
-    latency_round "$L.gpu-off" --pod lat-gpu --env NVIDIA_VISIBLE_DEVICES=all
-    latency_round "$L.plain-off" --pod lat-plain
-    n0=$(nri_lines); start_agent
-    wait_for 30 "the agent to be ready again" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
-  done
-  for k in gpu-on gpu-off plain-on plain-off; do
-    [ "$(wc -l < "$L.$k")" = $(( 2 * LAT_N )) ] || fail "$k: $(wc -l < "$L.$k") samples, want $(( 2 * LAT_N ))"
-    timing "create-latency $(printf '%-9s' "$k")" "$(summarize_ms "$L.$k")"
-  done
-  local kind on off
-  for kind in gpu plain; do
-    on=$(median_ms "$L.$kind-on"); off=$(median_ms "$L.$kind-off")
-    awk -v on="$on" -v off="$off" -v max="$LAT_MAX_RATIO" 'BEGIN {exit !(off > 0 && on <= max * off)}' \
-      || fail "$kind container: median CreateContainer $on ms with the plugin, $off ms without: more than ${LAT_MAX_RATIO}x"
-    echo "  $kind container: median $on ms with the plugin, $off ms without (bound ${LAT_MAX_RATIO}x)"
-  done
-}
 
 # ---------------------------------------------------------------------------------------------
 # remediation's Slurm side: `mockgpu-controller slurm-delete-node` (the controller's slurmrestd

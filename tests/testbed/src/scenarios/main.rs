@@ -5,6 +5,7 @@
 //! each by name with `--exact`. A failure prints its error and the tails of the agent's and the
 //! runtime's logs.
 
+mod agent;
 mod bed;
 mod node;
 
@@ -16,12 +17,15 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use crate::bed::Bed;
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 9] = [
     "smoke-pod",
     "only-gpu-containers",
     "consumers-lspci-hwloc",
     "live-change",
+    "agent-restart",
+    "agent-surge",
     "runtime-restart",
+    "nri-latency",
     "isolation",
 ];
 
@@ -31,7 +35,10 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "only-gpu-containers" => node::only_gpu_containers(bed).await,
         "consumers-lspci-hwloc" => node::consumers_lspci_hwloc(bed).await,
         "live-change" => node::live_change(bed).await,
+        "agent-restart" => agent::agent_restart(bed).await,
+        "agent-surge" => agent::agent_surge(bed).await,
         "runtime-restart" => node::runtime_restart(bed).await,
+        "nri-latency" => agent::nri_latency(bed).await,
         "isolation" => node::isolation(bed).await,
         _ => bail!("no scenario {name}"),
     }

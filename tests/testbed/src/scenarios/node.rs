@@ -20,8 +20,8 @@ const ALL_MINORS: [u32; 4] = [0, 1, 2, 3];
 /// The shim, as the plugin injects it.
 const SHIM: &str = "/run/mockgpu/lib/libmockfs.so";
 
-/// A busybox container running `cmd`.
-fn sleeper(name: &str) -> ContainerSpec {
+/// A busybox container that sleeps.
+pub(crate) fn sleeper(name: &str) -> ContainerSpec {
     ContainerSpec {
         name: name.into(),
         image: "localhost/busybox:1".into(),
@@ -91,7 +91,12 @@ pub async fn isolation(bed: &Bed) -> Result<()> {
 
 /// The plugin's adjustment is in the container: the shim preloaded, `/run/mockgpu` mounted rslave,
 /// `/etc/ld.so.preload`, and exactly the device nodes of `minors`.
-async fn assert_injected(cri: &mut Cri, name: &str, ctr: &Ctr, minors: &[u32]) -> Result<()> {
+pub(crate) async fn assert_injected(
+    cri: &mut Cri,
+    name: &str,
+    ctr: &Ctr,
+    minors: &[u32],
+) -> Result<()> {
     let env = environ(ctr.pid)?;
     ensure!(
         env.iter().any(|l| l
