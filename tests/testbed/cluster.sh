@@ -252,55 +252,7 @@ cluster_up() {
 
 node_ready() { [ "$(kc get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 
-scenario_node_ready() {
-  local t; t=$(date +%s%N)
-  wait_for 120 "node $NODE Ready" node_ready || { kc describe node "$NODE" | tail -30; exit 1; }
-  timing node-ready "$(ms "$t") ms after registration"
-  kc get nodes -o wide | sed 's/^/  /'
-  local v; v=$(kc get node "$NODE" -o jsonpath='{.status.nodeInfo.kubeletVersion}')
-  [ "$v" = "$K8S_VERSION" ] || fail "kubelet version $v, want $K8S_VERSION"
-  echo "  container runtime: $(kc get node "$NODE" -o jsonpath='{.status.nodeInfo.containerRuntimeVersion}')"
-}
 
-# (pods here have terminationGracePeriodSeconds: 1, since `sleep` as PID 1 ignores SIGTERM and the
-# default 30 s would be waited out on every delete)
-scenario_workloads() {  # a Pod (on the pod network) and a DaemonSet run; kubectl exec works
-  wait_for 60 "the default service account" kc get serviceaccount default
-  kc apply -f - > /dev/null <<'EOF'
-apiVersion: v1
-kind: Pod
-metadata: {name: podnet, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - {name: c, image: localhost/busybox:1, imagePullPolicy: Never, command: ["/bin/sleep", "3600"]}
----
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: hostds, namespace: default}
-spec:
-  selector: {matchLabels: {app: hostds}}
-  template:
-    metadata: {labels: {app: hostds}}
-    spec:
-      hostNetwork: true
-      terminationGracePeriodSeconds: 1
-      containers:
-      - {name: c, image: localhost/busybox:1, imagePullPolicy: Never, command: ["/bin/sleep", "3600"]}
-EOF
-  local t; t=$(date +%s%N)
-  kc wait --for=condition=Ready pod/podnet --timeout=120s > /dev/null || { kc describe pod podnet | tail -20; exit 1; }
-  timing pod-ready "$(ms "$t") ms"
-  kc rollout status ds/hostds --timeout=120s > /dev/null || { kc describe ds hostds | tail -20; exit 1; }
-  local ip; ip=$(kc get pod podnet -o jsonpath='{.status.podIP}')
-  [[ $ip == 198.51.100.* ]] || fail "pod IP $ip is not in the bridge's $POD_CIDR"
-  kc get pods -o wide | sed 's/^/  /'
-  local out rc=0
-  out=$(kc exec podnet -- sh -c 'echo exec-ok; exit 3') || rc=$?
-  [ "$out" = exec-ok ] && [ $rc = 3 ] || fail "kubectl exec: output '$out', exit $rc (want exec-ok, 3)"
-  echo "  kubectl exec: output and exit code relayed; pod IP $ip"
-  kc delete ds/hostds pod/podnet --wait=true --timeout=60s > /dev/null
-}
 
 widget() { printf 'apiVersion: testbed.mockgpu.io/v1\nkind: Widget\nmetadata: {name: %s}\nspec: {gpus: %s}\n' "$1" "$2"; }
 widget_apply() { widget "$1" "$2" | kc apply -f -; }
@@ -532,16 +484,6 @@ allocatable_is() { [ "$(allocatable)" = "$1" ]; }
 # log_since <file> <line count before> <pattern>: the pattern in the lines written since
 log_since() { tail -n +"$(( $2 + 1 ))" "$1" | matches -- "$3"; }
 
-scenario_dp_registered() {  # --device-plugin registers; the node advertises the 4 GPUs
-  local t; t=$(date +%s%N)
-  wait_for 60 "allocatable $RES = 4" allocatable_is 4 \
-    || { grep -i 'device plugin\|kubelet' "$LOGS/agent.log" | tail -10; fail "allocatable $RES is '$(allocatable)', want 4"; }
-  timing dp-allocatable "$(ms "$t") ms after node-ready"
-  grep -q 'registered with the kubelet' "$LOGS/agent.log" || fail "the agent logged no registration"
-  grep -q "Got registration request from device plugin with resource.*$RES" "$LOGS/kubelet.log" \
-    || fail "the kubelet logged no registration request for $RES"
-  echo "  allocatable $RES: $(allocatable), capacity $(kc get node "$NODE" -o jsonpath='{.status.capacity.nvidia\.com/gpu}')"
-}
 
 dp_pod() {  # dp_pod <name> <GPUs> [namespace]: a pod (in $DP_NS) with limits nvidia.com/gpu: <GPUs>
   kc apply -f - > /dev/null <<EOF
@@ -590,33 +532,8 @@ scenario_dp_pod() {  # 2 GPUs from the kubelet: 2 device nodes, their UUIDs, the
   echo "  devices: $devs; NVIDIA_VISIBLE_DEVICES=$vis; injected; /proc/driver/nvidia/gpus: $gpus"
 }
 
-unschedulable_reason() {
-  kc -n "$DP_NS" get pod "$1" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].reason} {.status.conditions[?(@.type=="PodScheduled")].message}'
-}
-pod_unschedulable() { [[ $(unschedulable_reason "$1") == "Unschedulable "*"Insufficient $RES"* ]]; }
 
-scenario_dp_too_many() {  # 5 GPUs on a node of 4: Pending, with the scheduler's reason
-  dp_pod gpu-5 5
-  wait_for 60 "gpu-5 unschedulable (Insufficient $RES)" pod_unschedulable gpu-5 \
-    || fail "gpu-5: PodScheduled is '$(unschedulable_reason gpu-5)', want Unschedulable ... Insufficient $RES"
-  local phase; phase=$(kc -n "$DP_NS" get pod gpu-5 -o jsonpath='{.status.phase}')
-  [ "$phase" = Pending ] || fail "gpu-5 is $phase, want Pending"
-  echo "  gpu-5: $phase, $(unschedulable_reason gpu-5)"
-  kc delete namespace "$DP_NS" --wait=false > /dev/null
-}
 
-scenario_dp_failed_gpu() {  # failed_gpus: [3] in the profile: allocatable 3, live; restored: 4
-  write_profile 4 'failed_gpus: [3]'
-  local t; t=$(date +%s%N)
-  wait_for 30 "allocatable $RES = 3" allocatable_is 3 || fail "allocatable $RES is '$(allocatable)' 30 s after failed_gpus: [3], want 3"
-  timing dp-failed-gpu "$(ms "$t") ms to allocatable 3"
-  local cap; cap=$(kc get node "$NODE" -o jsonpath='{.status.capacity.nvidia\.com/gpu}')
-  [ "$cap" = 4 ] || fail "capacity $RES is '$cap', want 4 (the failed GPU stays listed)"
-  write_profile 4; t=$(date +%s%N)
-  wait_for 30 "allocatable $RES = 4" allocatable_is 4 || fail "allocatable $RES is '$(allocatable)' after the GPU came back, want 4"
-  timing dp-gpu-back "$(ms "$t") ms to allocatable 4"
-  echo "  failed_gpus: [3] -> allocatable 3 (capacity $cap); back -> $(allocatable)"
-}
 
 scenario_dp_kubelet_restart() {  # a restarted kubelet: the plugin registers again and allocates
   local na nk t; na=$(wc -l < "$LOGS/agent.log"); nk=$(wc -l < "$LOGS/kubelet.log")
@@ -1582,21 +1499,21 @@ scenario_chart_uninstall() {  # `helm uninstall` leaves no mount, device node or
 }
 
 run_cluster_scenarios() {
-  sstep node-ready scenario_node_ready
-  sstep pod-daemonset-exec scenario_workloads
+  sstep node-ready rust_scenario node-ready
+  sstep pod-daemonset-exec rust_scenario pod-daemonset-exec
   sstep crd-admission-policy scenario_policy
   sstep helm scenario_helm
   sstep chart-dry-run scenario_chart_dry_run
   sstep product-images scenario_product_images
   sstep device-plugin-socket scenario_device_plugin_socket
   sstep gpu-pod-injected scenario_gpu_pod
-  sstep dp-registered scenario_dp_registered
+  sstep dp-registered rust_scenario dp-registered
   sstep gpunode-setup scenario_gpunode_setup
   sstep gpunode-reported scenario_gpunode_reported
   sstep dp-pod-2-gpus scenario_dp_pod
   sstep gpunode-held scenario_gpunode_held
-  sstep dp-pod-5-pending scenario_dp_too_many
-  sstep dp-failed-gpu scenario_dp_failed_gpu
+  sstep dp-pod-5-pending rust_scenario dp-pod-5-pending
+  sstep dp-failed-gpu rust_scenario dp-failed-gpu
   sstep dp-kubelet-restart scenario_dp_kubelet_restart
   sstep gpunode-topology scenario_gpunode_topology
   sstep gpunode-recreated scenario_gpunode_recreated

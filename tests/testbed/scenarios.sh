@@ -13,9 +13,13 @@ SLURMD_POD=slurm-0
 
 SCENARIOS_BIN=${SCENARIOS_BIN:-$(dirname "$CRI_BIN")/mgtb-scenarios}
 # (fd 9, the run lock, is not inherited: the daemons a scenario starts would hold it)
+# It runs in the node's network namespace, where cluster mode's API server listens.
 rust_scenario() {
-  TB=$TB R=$R LOGS=$LOGS ST=$ST CRI_SOCKET=$CRI_SOCKET AGENT_ARGS=$AGENT_ARGS LAT_N=$LAT_N \
-    AGENT_RESTART_PAUSE=$AGENT_RESTART_PAUSE LAT_MAX_RATIO=${LAT_MAX_RATIO:-} "$SCENARIOS_BIN" --exact "$1" 9>&-
+  nsenter -t "$(nodepid)" -n -- env TB="$TB" R="$R" LOGS="$LOGS" ST="$ST" CRI_SOCKET="$CRI_SOCKET" \
+    MGTB_CGROUP_PARENT="$CGROUP_PARENT" AGENT_ARGS="$AGENT_ARGS" LAT_N="$LAT_N" \
+    AGENT_RESTART_PAUSE="$AGENT_RESTART_PAUSE" LAT_MAX_RATIO="${LAT_MAX_RATIO:-}" \
+    KUBECONFIG="${KCFG:-}" KUBECTL="${KUBECTL:-}" K8S_VERSION="${K8S_VERSION:-}" \
+    "$SCENARIOS_BIN" --exact "$1" 9>&-
 }
 smoke_pod() { rust_scenario smoke-pod; }
 scenario_latency() { rust_scenario nri-latency; }

@@ -1,4 +1,4 @@
-//! `mgtb-scenarios`: the node test bed's scenarios as named tests, one pass or fail line each
+//! `mgtb-scenarios`: the test bed's scenarios (node and cluster mode) as named tests, one pass or fail line each
 //! (libtest-mimic, so `--list`, a name filter and `--exact` work as with `cargo test`). They run
 //! against a test bed that `testbed.sh` has brought up, in the order listed, one at a time (a
 //! scenario may use what an earlier step left, such as the slurmd container); `testbed.sh` calls
@@ -7,6 +7,7 @@
 
 mod agent;
 mod bed;
+mod cluster;
 mod node;
 
 use std::process::ExitCode;
@@ -17,7 +18,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use crate::bed::Bed;
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 14] = [
     "smoke-pod",
     "only-gpu-containers",
     "consumers-lspci-hwloc",
@@ -27,6 +28,12 @@ const SCENARIOS: [&str; 9] = [
     "runtime-restart",
     "nri-latency",
     "isolation",
+    // cluster mode
+    "node-ready",
+    "pod-daemonset-exec",
+    "dp-registered",
+    "dp-pod-5-pending",
+    "dp-failed-gpu",
 ];
 
 async fn scenario(name: &str, bed: &Bed) -> Result<()> {
@@ -40,6 +47,11 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "runtime-restart" => node::runtime_restart(bed).await,
         "nri-latency" => agent::nri_latency(bed).await,
         "isolation" => node::isolation(bed).await,
+        "node-ready" => cluster::node_ready(bed).await,
+        "pod-daemonset-exec" => cluster::pod_daemonset_exec(bed).await,
+        "dp-registered" => cluster::dp_registered(bed).await,
+        "dp-pod-5-pending" => cluster::dp_pod_5_pending(bed).await,
+        "dp-failed-gpu" => cluster::dp_failed_gpu(bed).await,
         _ => bail!("no scenario {name}"),
     }
 }

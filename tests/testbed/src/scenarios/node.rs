@@ -223,15 +223,17 @@ pub async fn consumers_lspci_hwloc(bed: &Bed) -> Result<()> {
     Ok(())
 }
 
-/// Writes the agent's profile file (a built-in base and a GPU count), atomically, so that the
-/// agent never reads half a file.
-fn write_profile(bed: &Bed, gpus: u32) -> Result<()> {
+/// Writes the agent's profile file (a built-in base, a GPU count and an optional YAML line),
+/// atomically, so that the agent never reads half a file.
+pub(crate) fn write_profile(bed: &Bed, gpus: u32, extra: Option<&str>) -> Result<()> {
     let path = bed.node_path("/etc/mockgpu/profile.yaml");
     let tmp = path.with_extension("yaml.tmp");
-    std::fs::write(
-        &tmp,
-        format!("# test bed profile\nbase: {GPU_PROFILE}\ngpus: {gpus}\n"),
-    )?;
+    let mut text = format!("# test bed profile\nbase: {GPU_PROFILE}\ngpus: {gpus}\n");
+    if let Some(line) = extra {
+        text.push_str(line);
+        text.push('\n');
+    }
+    std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, &path).with_context(|| format!("{}", path.display()))
 }
 
@@ -250,7 +252,7 @@ pub async fn live_change(bed: &Bed) -> Result<()> {
     );
     for (gpus, name) in [(2, "live-change-4-to-2"), (4, "live-change-2-to-4")] {
         let t = Instant::now();
-        write_profile(bed, gpus)?;
+        write_profile(bed, gpus, None)?;
         let what = format!("the container to see {gpus} GPUs");
         let cri = &mut cri;
         wait_for(30, &what, || {

@@ -1,0 +1,373 @@
+//! The cluster mode's scenarios (`CLUSTER=1`): the real API server, scheduler and kubelet of the
+//! node, through typed objects (kube, k8s-openapi) and waits on their conditions. The scenarios
+//! binary runs in the node's network namespace, where the API server listens.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{Condition, await_condition, conditions};
+use kube::{Api, Client, Config, Resource};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::bed::{Bed, wait_for};
+use crate::node::write_profile;
+
+/// The test bed's Kubernetes node (and Slurm node).
+const NODE: &str = "node0";
+/// The resource the agent's device plugin serves.
+const RES: &str = "nvidia.com/gpu";
+/// The device plugin's pods' namespace (one the agent does not trust).
+const DP_NS: &str = "dp-jobs";
+
+/// The API server, as the test bed's admin.
+pub async fn client() -> Result<Client> {
+    let path = std::env::var("KUBECONFIG").context("$KUBECONFIG is not set (cluster mode only)")?;
+    let kc = Kubeconfig::read_from(&path).with_context(|| path.clone())?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .with_context(|| path.clone())?;
+    Ok(Client::try_from(config)?)
+}
+
+/// Waits up to `secs` for the named object to meet `cond`; on timeout an error naming `what`,
+/// with the object's status as it was then.
+async fn wait_object<K>(
+    api: &Api<K>,
+    name: &str,
+    secs: u64,
+    what: &str,
+    cond: impl Condition<K>,
+) -> Result<K>
+where
+    K: Clone + Debug + Send + DeserializeOwned + Resource + serde::Serialize + 'static,
+{
+    match tokio::time::timeout(
+        Duration::from_secs(secs),
+        await_condition(api.clone(), name, cond),
+    )
+    .await
+    {
+        Ok(Ok(Some(k))) => Ok(k),
+        Ok(Ok(None)) => bail!("{what}: {name} was deleted"),
+        Ok(Err(e)) => Err(e).with_context(|| format!("watching {name} for {what}")),
+        Err(_) => {
+            let now = api.get_opt(name).await.ok().flatten();
+            let status = now
+                .and_then(|k| serde_json::to_value(k).ok())
+                .and_then(|v| v.get("status").cloned())
+                .unwrap_or_default();
+            bail!("timed out after {secs} s waiting for {what}; {name}'s status: {status:#}")
+        }
+    }
+}
+
+/// A condition of a node: `type` with `status`.
+fn node_condition(kind: &'static str, status: &'static str) -> impl Condition<Node> {
+    move |n: Option<&Node>| {
+        n.and_then(|n| n.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == kind && c.status == status))
+    }
+}
+
+fn quantity(q: Option<&BTreeMap<String, Quantity>>) -> Option<String> {
+    q.and_then(|m| m.get(RES)).map(|q| q.0.clone())
+}
+
+/// The node's allocatable GPUs (`nvidia.com/gpu`).
+fn allocatable(n: Option<&Node>) -> Option<String> {
+    quantity(
+        n.and_then(|n| n.status.as_ref())
+            .and_then(|s| s.allocatable.as_ref()),
+    )
+}
+
+/// The node becomes Ready, with the kubelet of the version built.
+pub async fn node_ready(bed: &Bed) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client().await?);
+    let t = Instant::now();
+    let node = wait_object(
+        &nodes,
+        NODE,
+        120,
+        "the node to be Ready",
+        node_condition("Ready", "True"),
+    )
+    .await?;
+    bed.timing(
+        "node-ready",
+        &format!("{} ms after registration", t.elapsed().as_millis()),
+    );
+    let info = node
+        .status
+        .and_then(|s| s.node_info)
+        .context("the node has no nodeInfo")?;
+    let want = std::env::var("K8S_VERSION").context("$K8S_VERSION")?;
+    ensure!(
+        info.kubelet_version == want,
+        "kubelet version {}, want {want}",
+        info.kubelet_version
+    );
+    println!(
+        "  kubelet {}, container runtime: {}",
+        info.kubelet_version, info.container_runtime_version
+    );
+    Ok(())
+}
+
+/// A pod that sleeps (`sleep` as PID 1 ignores SIGTERM: a grace period of 1 s, not the default 30
+/// waited out at every delete).
+fn sleeper(name: &str, namespace: &str, image: &str, extra: serde_json::Value) -> Result<Pod> {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": image, "imagePullPolicy": "Never",
+                "command": ["/bin/sleep", "infinity"]}]
+        }
+    });
+    if let (Some(c), Some(extra)) = (pod.pointer_mut("/spec/containers/0"), extra.as_object()) {
+        for (k, v) in extra {
+            c[k] = v.clone();
+        }
+    }
+    Ok(serde_json::from_value(pod)?)
+}
+
+/// `kubectl exec` through the API server, the kubelet and the runtime: output and exit code.
+fn kubectl_exec(namespace: &str, pod: &str, cmd: &[&str]) -> Result<(String, i32)> {
+    let kubectl = std::env::var("KUBECTL").context("$KUBECTL")?;
+    let kcfg = std::env::var("KUBECONFIG").context("$KUBECONFIG")?;
+    let out = std::process::Command::new(&kubectl)
+        .args([
+            "--kubeconfig",
+            &kcfg,
+            "--request-timeout=30s",
+            "-n",
+            namespace,
+            "exec",
+            pod,
+            "--",
+        ])
+        .args(cmd)
+        .output()
+        .with_context(|| kubectl.clone())?;
+    Ok((
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        out.status.code().unwrap_or(-1),
+    ))
+}
+
+/// Waits for a namespace's default service account (pods cannot be created before it).
+async fn default_account(client: &Client, namespace: &str) -> Result<()> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let what = format!("the default service account in {namespace}");
+    wait_for(60, &what, || async {
+        accounts.get_opt("default").await.is_ok_and(|a| a.is_some())
+    })
+    .await
+}
+
+/// A pod on the pod network and a host-network DaemonSet run; `kubectl exec` relays output and
+/// exit code.
+pub async fn pod_daemonset_exec(bed: &Bed) -> Result<()> {
+    let client = client().await?;
+    default_account(&client, "default").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), "default");
+    let pod = sleeper("podnet", "default", "localhost/busybox:1", json!({}))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let template = sleeper("hostds", "default", "localhost/busybox:1", json!({}))?;
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "hostds", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "hostds"}},
+            "template": {"metadata": {"labels": {"app": "hostds"}},
+                "spec": {"hostNetwork": true, "terminationGracePeriodSeconds": 1,
+                    "containers": template.spec.map(|s| s.containers).unwrap_or_default()}}
+        }
+    }))?;
+    sets.create(&PostParams::default(), &ds).await?;
+    let t = Instant::now();
+    let ready = wait_object(
+        &pods,
+        "podnet",
+        120,
+        "podnet to be running",
+        conditions::is_pod_running(),
+    )
+    .await?;
+    bed.timing("pod-ready", &format!("{} ms", t.elapsed().as_millis()));
+    let rolled_out = |d: Option<&DaemonSet>| {
+        d.and_then(|d| d.status.as_ref()).is_some_and(|s| {
+            s.desired_number_scheduled > 0 && s.number_ready == s.desired_number_scheduled
+        })
+    };
+    wait_object(
+        &sets,
+        "hostds",
+        120,
+        "the DaemonSet's pods to be ready",
+        rolled_out,
+    )
+    .await?;
+    let ip = ready.status.and_then(|s| s.pod_ip).unwrap_or_default();
+    ensure!(
+        ip.starts_with("198.51.100."),
+        "pod IP {ip:?} is not in the bridge's 198.51.100.0/24"
+    );
+    let (out, rc) = kubectl_exec("default", "podnet", &["sh", "-c", "echo exec-ok; exit 3"])?;
+    ensure!(
+        out == "exec-ok\n" && rc == 3,
+        "kubectl exec: output {out:?}, exit {rc} (want exec-ok, 3)"
+    );
+    println!("  kubectl exec: output and exit code relayed; pod IP {ip}");
+    sets.delete("hostds", &DeleteParams::default()).await?;
+    let gone = pods.delete("podnet", &DeleteParams::default()).await?;
+    if let Some(uid) = gone.left().and_then(|p| p.metadata.uid) {
+        wait_object(
+            &pods,
+            "podnet",
+            60,
+            "podnet to be deleted",
+            conditions::is_deleted(&uid),
+        )
+        .await
+        .ok();
+    }
+    Ok(())
+}
+
+/// The agent's device plugin registers with the kubelet, and the node advertises the 4 GPUs.
+pub async fn dp_registered(bed: &Bed) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client().await?);
+    let t = Instant::now();
+    let four = |n: Option<&Node>| allocatable(n).as_deref() == Some("4");
+    let node = wait_object(&nodes, NODE, 60, &format!("allocatable {RES} = 4"), four)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", bed.log_tails(&["agent.log"], 10)))?;
+    bed.timing(
+        "dp-allocatable",
+        &format!("{} ms after node-ready", t.elapsed().as_millis()),
+    );
+    ensure!(
+        bed.logged_since("agent.log", 0, "registered with the kubelet"),
+        "the agent logged no registration"
+    );
+    let request =
+        format!("Got registration request from device plugin with resource name \"{RES}\"");
+    let kubelet = std::fs::read_to_string(bed.logs.join("kubelet.log")).unwrap_or_default();
+    ensure!(
+        kubelet
+            .lines()
+            .any(|l| l.contains("Got registration request from device plugin") && l.contains(RES)),
+        "the kubelet logged no registration request for {RES} ({request:?})"
+    );
+    let capacity = quantity(node.status.as_ref().and_then(|s| s.capacity.as_ref()));
+    println!(
+        "  allocatable {RES}: {:?}, capacity {capacity:?}",
+        allocatable(Some(&node))
+    );
+    Ok(())
+}
+
+/// A pod asking for 5 GPUs on a node of 4 stays Pending, with the scheduler's reason.
+pub async fn dp_pod_5_pending(_bed: &Bed) -> Result<()> {
+    let client = client().await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), DP_NS);
+    let pod = sleeper(
+        "gpu-5",
+        DP_NS,
+        "localhost/slurmd:1",
+        json!({"resources": {"limits": {RES: "5"}}}),
+    )?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let unschedulable = |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter().any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                        && c.message
+                            .as_deref()
+                            .is_some_and(|m| m.contains(&format!("Insufficient {RES}")))
+                })
+            })
+    };
+    let pod = wait_object(
+        &pods,
+        "gpu-5",
+        60,
+        &format!("gpu-5 unschedulable (Insufficient {RES})"),
+        unschedulable,
+    )
+    .await?;
+    let status = pod.status.unwrap_or_default();
+    let phase = status.phase.unwrap_or_default();
+    ensure!(phase == "Pending", "gpu-5 is {phase}, want Pending");
+    let why = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .and_then(|c| c.message)
+        .unwrap_or_default();
+    println!("  gpu-5: {phase}, {why}");
+    let namespaces: Api<Namespace> = Api::all(client);
+    namespaces.delete(DP_NS, &DeleteParams::default()).await?;
+    Ok(())
+}
+
+/// `failed_gpus: [3]` in the profile: allocatable drops to 3 while capacity stays 4; the GPU
+/// back, allocatable is 4 again.
+pub async fn dp_failed_gpu(bed: &Bed) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client().await?);
+    write_profile(bed, 4, Some("failed_gpus: [3]"))?;
+    let t = Instant::now();
+    let three = |n: Option<&Node>| allocatable(n).as_deref() == Some("3");
+    let node = wait_object(
+        &nodes,
+        NODE,
+        30,
+        &format!("allocatable {RES} = 3 after failed_gpus: [3]"),
+        three,
+    )
+    .await?;
+    bed.timing(
+        "dp-failed-gpu",
+        &format!("{} ms to allocatable 3", t.elapsed().as_millis()),
+    );
+    let cap = quantity(node.status.as_ref().and_then(|s| s.capacity.as_ref()));
+    ensure!(
+        cap.as_deref() == Some("4"),
+        "capacity {RES} is {cap:?}, want 4 (the failed GPU stays listed)"
+    );
+    write_profile(bed, 4, None)?;
+    let t = Instant::now();
+    let four = |n: Option<&Node>| allocatable(n).as_deref() == Some("4");
+    wait_object(
+        &nodes,
+        NODE,
+        30,
+        &format!("allocatable {RES} = 4 after the GPU came back"),
+        four,
+    )
+    .await?;
+    bed.timing(
+        "dp-gpu-back",
+        &format!("{} ms to allocatable 4", t.elapsed().as_millis()),
+    );
+    println!("  failed_gpus: [3] -> allocatable 3 (capacity {cap:?}); back -> 4");
+    Ok(())
+}
