@@ -1092,10 +1092,6 @@ AGENT_USER=system:serviceaccount:$AGENT_SA_NS:$AGENT_SA
 REPORT_ARGS="--kubeconfig $AGENT_KCFG --heartbeat 3"
 gn() { kc get gpunode "$NODE" -o jsonpath="$1"; }   # gn <jsonpath>: of the node's GpuNode
 gn_ready() { [ "$(gn '{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
-gn_held_is() { [ "$(gn '{.status.heldGpus}')" = "$1" ]; }
-gn_gpus_is() { [ "$(gn '{.spec.gpuCount}')" = "$1" ]; }
-gn_uid_not() { local u; u=$(gn '{.metadata.uid}') && [ -n "$u" ] && [ "$u" != "$1" ] && gn_ready; }
-gn_beat_after() { [[ "$(gn '{.status.lastHeartbeat}')" > "$1" ]]; }
 # kubectl as the agent: its token, its RBAC
 kc_as() { local f=$1; shift; nsenter -t "$(nodepid)" -n -- "$KUBECTL" --kubeconfig "$f" --request-timeout=30s "$@"; }  # kc_as <kubeconfig> ...
 kc_agent() { kc_as "$R$AGENT_KCFG" "$@"; }
@@ -1139,73 +1135,10 @@ start_reporting_agent() {  # the host agent with its credentials, ready, its GPU
   wait_for 60 "allocatable $RES = 4 again" allocatable_is 4 || fail "allocatable $RES is '$(allocatable)' after the agent restart"
 }
 
-scenario_gpunode_reported() {  # SSA by mockgpu-agent, owned by the Node, its columns; doctor agrees
-  local t; t=$(date +%s%N)
-  wait_for 30 "GpuNode $NODE Ready" gn_ready || { grep -i gpunode "$LOGS/agent.log" | tail -5; fail "no Ready GpuNode $NODE"; }
-  timing gpunode-ready "$(ms "$t") ms after the agent's restart"
-  local managers owner uid
-  managers=$(gn '{range .metadata.managedFields[*]}{.manager}/{.operation}/{.subresource} {end}')
-  [[ " $managers " == *" mockgpu-agent/Apply/ "* ]] && [[ " $managers " == *" mockgpu-agent/Apply/status "* ]] \
-    || fail "managedFields: '$managers', want mockgpu-agent's Apply of the object and of its status"
-  owner=$(gn '{.metadata.ownerReferences[0].apiVersion}/{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}/{.metadata.ownerReferences[0].uid}')
-  uid=$(kc get node "$NODE" -o jsonpath='{.metadata.uid}')
-  [ "$owner" = "v1/Node/$NODE/$uid" ] || fail "ownerReference '$owner', want v1/Node/$NODE/$uid"
-  local table row; table=$(kc get gpunodes)
-  sed 's/^/  /' <<< "$table"
-  [ "$(head -1 <<< "$table" | awk '{$1 = $1; print}')" = "NAME MODE PROFILE GPUS HELD READY AGE" ] || fail "columns: $(head -1 <<< "$table")"
-  row=$(awk -v n="$NODE" '$1 == n {print $2, $3, $4, $5, $6}' <<< "$table")
-  [ "$row" = "mock $GPU_PROFILE 4 0 True" ] || fail "GpuNode row '$row', want 'mock $GPU_PROFILE 4 0 True'"
-  echo "  managedFields: $managers; owner: $owner"
-  # doctor with the agent's credentials: the kubelet's registration, the node's allocatable, the GpuNode
-  local doc c; doc=$(innode /opt/mockgpu/mockgpu-agent doctor --kubeconfig "$AGENT_KCFG" --node-name "$NODE" \
-    --heartbeat 3 --nri-socket /run/nri/nri.sock 2>&1) || true
-  for c in device-plugin allocatable gpunode; do
-    grep -q "^ok   $c: " <<< "$doc" || fail "doctor's $c check: $(grep " $c: " <<< "$doc" || echo "$doc")"
-    echo "  doctor: $(grep "^ok   $c: " <<< "$doc")"
-  done
-}
 
-scenario_gpunode_held() {  # the dp pod's 2 GPUs: HELD 2, and its pinning
-  local t; t=$(date +%s%N)
-  wait_for 15 "GpuNode HELD 2" gn_held_is 2 || fail "heldGpus is '$(gn '{.status.heldGpus}')', want 2"
-  timing gpunode-held "$(ms "$t") ms after the pod was checked"
-  local pin vis uid
-  pin=$(gn '{range .status.pinning[*]}{.namespace}/{.pod}/{.podUid}/{.container}/{.gpus[*]}{"\n"}{end}')
-  vis=$(kc -n "$DP_NS" exec gpu-2 -- sh -c 'echo "$NVIDIA_VISIBLE_DEVICES"' | tr ',' ' ')
-  uid=$(kc -n "$DP_NS" get pod gpu-2 -o jsonpath='{.metadata.uid}')
-  grep -qx "$DP_NS/gpu-2/$uid/c/$vis" <<< "$pin" || fail "pinning '$pin' does not list $DP_NS/gpu-2/$uid/c/$vis"
-  echo "  HELD $(gn '{.status.heldGpus}'); pinning: $(tr '\n' ' ' <<< "$pin")"
-}
 
-scenario_gpunode_topology() {  # a profile change: a new topologyHash and topologySince
-  local h0 s0 h1 s1 t; h0=$(gn '{.spec.topologyHash}'); s0=$(gn '{.status.topologySince}')
-  t=$(date +%s%N); write_profile 2
-  wait_for 30 "GpuNode with 2 GPUs" gn_gpus_is 2 || fail "gpuCount is '$(gn '{.spec.gpuCount}')' after the change to 2 GPUs"
-  timing gpunode-topology "$(ms "$t") ms to gpuCount 2"
-  h1=$(gn '{.spec.topologyHash}'); s1=$(gn '{.status.topologySince}')
-  [ "$h1" != "$h0" ] || fail "topologyHash unchanged ($h0)"
-  [[ "$s1" > "$s0" ]] || fail "topologySince $s1 is not after $s0"
-  echo "  topologyHash $h0 -> $h1; topologySince $s0 -> $s1"
-  write_profile 4
-  wait_for 30 "GpuNode with 4 GPUs" gn_gpus_is 4 || fail "gpuCount is '$(gn '{.spec.gpuCount}')' after the change back"
-  [ "$(gn '{.spec.topologyHash}')" = "$h0" ] || fail "topologyHash $(gn '{.spec.topologyHash}') after the change back, want $h0"
-}
 
-scenario_gpunode_recreated() {  # deleted, it comes back on the next heartbeat
-  local u0 t na; u0=$(gn '{.metadata.uid}'); na=$(wc -l < "$LOGS/agent.log")
-  kc delete gpunode "$NODE" > /dev/null; t=$(date +%s%N)
-  wait_for 15 "a new GpuNode $NODE" gn_uid_not "$u0" || fail "GpuNode $NODE not recreated within 15 s"
-  timing gpunode-recreated "$(ms "$t") ms"
-  wait_for 10 "the agent's log of the recreation" log_since "$LOGS/agent.log" "$na" 'GpuNode recreated' || fail "the agent did not log the recreation"
-  echo "  uid $u0 -> $(gn '{.metadata.uid}'), Ready $(gn '{.status.conditions[?(@.type=="Ready")].status}')"
-}
 
-scenario_gpunode_heartbeat() {  # lastHeartbeat advances (--heartbeat 3)
-  local b0 t; b0=$(gn '{.status.lastHeartbeat}'); t=$(date +%s%N)
-  wait_for 15 "a lastHeartbeat after $b0" gn_beat_after "$b0" || fail "lastHeartbeat stayed $b0 for 15 s"
-  timing gpunode-heartbeat "$(ms "$t") ms"
-  echo "  lastHeartbeat $b0 -> $(gn '{.status.lastHeartbeat}') (agent $(gn '{.status.agentVersion}'))"
-}
 
 gn_apply_status() { kc apply --server-side --force-conflicts --field-manager=mockgpu-agent --subresource=status -f -; }  # < the status's YAML, as the agent applies it
 gn_ready_is() { [ "$(gn '{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].reason}')" = "$1" ]; }
@@ -1509,15 +1442,15 @@ run_cluster_scenarios() {
   sstep gpu-pod-injected scenario_gpu_pod
   sstep dp-registered rust_scenario dp-registered
   sstep gpunode-setup scenario_gpunode_setup
-  sstep gpunode-reported scenario_gpunode_reported
+  sstep gpunode-reported rust_scenario gpunode-reported
   sstep dp-pod-2-gpus scenario_dp_pod
-  sstep gpunode-held scenario_gpunode_held
+  sstep gpunode-held rust_scenario gpunode-held
   sstep dp-pod-5-pending rust_scenario dp-pod-5-pending
   sstep dp-failed-gpu rust_scenario dp-failed-gpu
   sstep dp-kubelet-restart scenario_dp_kubelet_restart
-  sstep gpunode-topology scenario_gpunode_topology
-  sstep gpunode-recreated scenario_gpunode_recreated
-  sstep gpunode-heartbeat scenario_gpunode_heartbeat
+  sstep gpunode-topology rust_scenario gpunode-topology
+  sstep gpunode-recreated rust_scenario gpunode-recreated
+  sstep gpunode-heartbeat rust_scenario gpunode-heartbeat
   sstep gpunode-last-report scenario_gpunode_last_report
   sstep controller-rbac scenario_controller_rbac
   sstep controller-leader scenario_controller_leader

@@ -150,7 +150,8 @@ impl Bed {
 
     /// Sends `signal` to the test bed's processes of `kinds` (those still the processes it
     /// started: the start time guards against a reused PID), drops them from the PID list and
-    /// waits up to 10 s for each to end.
+    /// waits up to 10 s for each to end (one still running then is noted, not an error: the
+    /// caller checks what matters to it, and teardown stops whatever is left).
     pub async fn stop(&self, signal: Signal, kinds: &[&str]) -> Result<()> {
         let list = std::fs::read_to_string(&self.pids).unwrap_or_default();
         let (ours, rest): (Vec<&str>, Vec<&str>) = list
@@ -173,10 +174,13 @@ impl Bed {
         let kept: String = rest.iter().map(|l| format!("{l}\n")).collect();
         std::fs::write(&self.pids, kept)?;
         for (pid, start) in signalled {
-            wait_for(10, &format!("pid {pid} to end after {signal}"), || async {
+            let ended = wait_for(10, &format!("pid {pid} to end after {signal}"), || async {
                 start_time(pid).as_deref() != Some(start.as_str())
-            })
-            .await?;
+            });
+            if let Err(e) = ended.await {
+                // as testbed.sh's stop_kinds: the caller checks what it needs; teardown kills it
+                println!("  {e}");
+            }
         }
         Ok(())
     }

@@ -21,11 +21,11 @@ use crate::bed::{Bed, wait_for};
 use crate::node::write_profile;
 
 /// The test bed's Kubernetes node (and Slurm node).
-const NODE: &str = "node0";
+pub(crate) const NODE: &str = "node0";
 /// The resource the agent's device plugin serves.
 const RES: &str = "nvidia.com/gpu";
 /// The device plugin's pods' namespace (one the agent does not trust).
-const DP_NS: &str = "dp-jobs";
+pub(crate) const DP_NS: &str = "dp-jobs";
 
 /// The API server, as the test bed's admin.
 pub async fn client() -> Result<Client> {
@@ -39,7 +39,7 @@ pub async fn client() -> Result<Client> {
 
 /// Waits up to `secs` for the named object to meet `cond`; on timeout an error naming `what`,
 /// with the object's status as it was then.
-async fn wait_object<K>(
+pub(crate) async fn wait_object<K>(
     api: &Api<K>,
     name: &str,
     secs: u64,
@@ -143,24 +143,32 @@ fn sleeper(name: &str, namespace: &str, image: &str, extra: serde_json::Value) -
     Ok(serde_json::from_value(pod)?)
 }
 
-/// `kubectl exec` through the API server, the kubelet and the runtime: output and exit code.
-fn kubectl_exec(namespace: &str, pod: &str, cmd: &[&str]) -> Result<(String, i32)> {
+/// The test bed's kubectl as its admin, with `args`.
+fn kubectl_command(args: &[&str]) -> Result<std::process::Command> {
     let kubectl = std::env::var("KUBECTL").context("$KUBECTL")?;
     let kcfg = std::env::var("KUBECONFIG").context("$KUBECONFIG")?;
-    let out = std::process::Command::new(&kubectl)
-        .args([
-            "--kubeconfig",
-            &kcfg,
-            "--request-timeout=30s",
-            "-n",
-            namespace,
-            "exec",
-            pod,
-            "--",
-        ])
-        .args(cmd)
-        .output()
-        .with_context(|| kubectl.clone())?;
+    let mut c = std::process::Command::new(kubectl);
+    c.args(["--kubeconfig", &kcfg, "--request-timeout=30s"])
+        .args(args);
+    Ok(c)
+}
+
+/// kubectl's output, where what a user sees is the point (printer columns); an error with its
+/// standard error when it fails.
+pub(crate) fn kubectl(args: &[&str]) -> Result<String> {
+    let out = kubectl_command(args)?.output().context("kubectl")?;
+    ensure!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `kubectl exec` through the API server, the kubelet and the runtime: output and exit code.
+pub(crate) fn kubectl_exec(namespace: &str, pod: &str, cmd: &[&str]) -> Result<(String, i32)> {
+    let mut c = kubectl_command(&["-n", namespace, "exec", pod, "--"])?;
+    let out = c.args(cmd).output().context("kubectl exec")?;
     Ok((
         String::from_utf8_lossy(&out.stdout).into_owned(),
         out.status.code().unwrap_or(-1),

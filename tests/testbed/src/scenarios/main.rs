@@ -8,6 +8,7 @@
 mod agent;
 mod bed;
 mod cluster;
+mod gpunode;
 mod node;
 
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use crate::bed::Bed;
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 14] = [
+const SCENARIOS: [&str; 19] = [
     "smoke-pod",
     "only-gpu-containers",
     "consumers-lspci-hwloc",
@@ -32,8 +33,13 @@ const SCENARIOS: [&str; 14] = [
     "node-ready",
     "pod-daemonset-exec",
     "dp-registered",
+    "gpunode-reported",
+    "gpunode-held",
     "dp-pod-5-pending",
     "dp-failed-gpu",
+    "gpunode-topology",
+    "gpunode-recreated",
+    "gpunode-heartbeat",
 ];
 
 async fn scenario(name: &str, bed: &Bed) -> Result<()> {
@@ -52,6 +58,11 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "dp-registered" => cluster::dp_registered(bed).await,
         "dp-pod-5-pending" => cluster::dp_pod_5_pending(bed).await,
         "dp-failed-gpu" => cluster::dp_failed_gpu(bed).await,
+        "gpunode-reported" => gpunode::gpunode_reported(bed).await,
+        "gpunode-held" => gpunode::gpunode_held(bed).await,
+        "gpunode-topology" => gpunode::gpunode_topology(bed).await,
+        "gpunode-recreated" => gpunode::gpunode_recreated(bed).await,
+        "gpunode-heartbeat" => gpunode::gpunode_heartbeat(bed).await,
         _ => bail!("no scenario {name}"),
     }
 }
