@@ -420,3 +420,36 @@ impl Bed {
         wait_for(10, "the NRI socket", || async { nri.exists() }).await
     }
 }
+
+impl Bed {
+    /// Runs a container as `up` does, and keeps it for later steps (and bash's `ctr`) in
+    /// `<state>/<key>.env`, in `mgtb-cri up`'s format: POD=, CTR=, PID=, CREATE_MS=, START_MS=.
+    pub async fn up_kept(
+        &self,
+        key: &str,
+        cri: &mut Cri,
+        pod: &PodSpec,
+        c: &ContainerSpec,
+    ) -> Result<Ctr> {
+        let ctr = self.up(cri, pod, c).await?;
+        let listed = cri.list_containers(None).await?;
+        let pod_id = listed
+            .iter()
+            .find(|l| l.id == ctr.id)
+            .map(|l| l.pod_id.clone())
+            .with_context(|| format!("{key}: container {} is not listed", ctr.id))?;
+        let kept = format!(
+            "POD={pod_id}\nCTR={}\nPID={}\nCREATE_MS={:.2}\nSTART_MS={:.2}\n",
+            ctr.id,
+            ctr.pid,
+            ctr.create.as_secs_f64() * 1e3,
+            ctr.start.as_secs_f64() * 1e3
+        );
+        let path = self.state.join(format!("{key}.env"));
+        std::fs::write(&path, &kept).with_context(|| format!("{}", path.display()))?;
+        for line in kept.lines() {
+            println!("  {key}: {line}");
+        }
+        Ok(ctr)
+    }
+}

@@ -7,6 +7,7 @@
 
 mod bed;
 mod node;
+mod slurm;
 
 use std::process::ExitCode;
 
@@ -16,22 +17,32 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use crate::bed::Bed;
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 11] = [
     "smoke-pod",
+    "smoke-slurm",
+    "seed-verification",
+    "exec-slurmd",
     "only-gpu-containers",
     "consumers-lspci-hwloc",
     "live-change",
     "runtime-restart",
+    "slurmrestd-delete-node",
+    "constrain-devices",
     "isolation",
 ];
 
 async fn scenario(name: &str, bed: &Bed) -> Result<()> {
     match name {
         "smoke-pod" => node::smoke_pod(bed).await,
+        "smoke-slurm" => slurm::smoke_slurm(bed).await,
+        "seed-verification" => slurm::seed_verification(bed).await,
+        "exec-slurmd" => slurm::exec_slurmd(bed).await,
         "only-gpu-containers" => node::only_gpu_containers(bed).await,
         "consumers-lspci-hwloc" => node::consumers_lspci_hwloc(bed).await,
         "live-change" => node::live_change(bed).await,
         "runtime-restart" => node::runtime_restart(bed).await,
+        "slurmrestd-delete-node" => slurm::slurmrestd_delete_node(bed).await,
+        "constrain-devices" => slurm::constrain_devices(bed).await,
         "isolation" => node::isolation(bed).await,
         _ => bail!("no scenario {name}"),
     }
