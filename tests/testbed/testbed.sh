@@ -492,7 +492,7 @@ case "${1:-}" in
   smoke) step smoke-pod smoke_pod; step smoke-slurm smoke_slurm; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
   agent-up) agent_up ;;
   agent-down) stop_kinds TERM agent ;;
-  slurmrestd) step slurmrestd-delete-node scenario_slurmrestd; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
+  slurmrestd) step slurmrestd-delete-node rust_scenario slurmrestd-delete-node; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
   scenarios) run_scenarios; echo "testbed: $PASSED passed, $FAILED failed"; [ $FAILED = 0 ] ;;
   latency) scenario_latency ;;
   cri) shift; cri "$@" ;;

@@ -12,6 +12,7 @@ use nix::unistd::Pid;
 
 use crate::bed::{Bed, alive, exec_ok, wait_for};
 use crate::node::{assert_injected, sleeper};
+use crate::slurm::srun_ok;
 
 /// The agent's log, in the test bed's logs.
 const AGENT_LOG: &str = "agent.log";
@@ -281,16 +282,7 @@ pub async fn agent_restart(bed: &Bed) -> Result<()> {
         fails == 0,
         "{fails} reads failed inside the container across the agent restarts"
     );
-    let job = bed.in_node(&[
-        "timeout",
-        "60",
-        "srun",
-        "-D",
-        "/",
-        "-N1",
-        "ls",
-        "/proc/driver/nvidia/gpus",
-    ])?;
+    let job = srun_ok(bed, &["ls", "/proc/driver/nvidia/gpus"])?;
     let n = job.lines().count();
     ensure!(n == 4, "a job after the agent restarts sees {n} GPUs");
     Ok(())

@@ -174,7 +174,8 @@ impl Bed {
         let kept: String = rest.iter().map(|l| format!("{l}\n")).collect();
         std::fs::write(&self.pids, kept)?;
         for (pid, start) in signalled {
-            let ended = wait_for(10, &format!("pid {pid} to end after {signal}"), || async {
+            let what = format!("pid {pid} to end after {signal}");
+            let ended = wait_for(10, &what, || async {
                 start_time(pid).as_deref() != Some(start.as_str())
             });
             if let Err(e) = ended.await {
@@ -272,20 +273,29 @@ impl Bed {
         let mut out = String::new();
         for name in names {
             let p = self.logs.join(name);
-            let text = std::fs::read_to_string(&p).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            writeln!(out, "--- {} (last {n} lines)", p.display()).ok();
-            for l in &lines[lines.len().saturating_sub(n)..] {
-                // (the runtime's debug lines hold whole OCI specs)
-                match l.char_indices().nth(LOG_LINE_MAX) {
-                    Some((i, _)) => writeln!(out, "{}…", &l[..i]),
-                    None => writeln!(out, "{l}"),
-                }
-                .ok();
-            }
+            writeln!(out, "--- {} (last {n} lines)\n{}", p.display(), tail(&p, n)).ok();
         }
         out
     }
+}
+
+/// The last `n` lines of a file, each cut at `LOG_LINE_MAX` characters (the runtime's debug lines
+/// hold whole OCI specs), or what is wrong with the file.
+pub fn tail(path: &std::path::Path, n: usize) -> String {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => return format!("({}: {e})", path.display()),
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::new();
+    for l in &lines[lines.len().saturating_sub(n)..] {
+        match l.char_indices().nth(LOG_LINE_MAX) {
+            Some((i, _)) => writeln!(out, "{}…", &l[..i]),
+            None => writeln!(out, "{l}"),
+        }
+        .ok();
+    }
+    out
 }
 
 /// Runs `cmd` in a container; retried twice when the runtime could not start it (runc's rare
@@ -422,5 +432,38 @@ impl Bed {
         .await?;
         let nri = self.node_path("/run/nri/nri.sock");
         wait_for(10, "the NRI socket", || async { nri.exists() }).await
+    }
+}
+
+impl Bed {
+    /// Runs a container as `up` does, and keeps it for later steps (and bash's `ctr`) in
+    /// `<state>/<key>.env`, in `mgtb-cri up`'s format: POD=, CTR=, PID=, CREATE_MS=, START_MS=.
+    pub async fn up_kept(
+        &self,
+        key: &str,
+        cri: &mut Cri,
+        pod: &PodSpec,
+        c: &ContainerSpec,
+    ) -> Result<Ctr> {
+        let ctr = self.up(cri, pod, c).await?;
+        let listed = cri.list_containers(None).await?;
+        let pod_id = listed
+            .iter()
+            .find(|l| l.id == ctr.id)
+            .map(|l| l.pod_id.clone())
+            .with_context(|| format!("{key}: container {} is not listed", ctr.id))?;
+        let kept = format!(
+            "POD={pod_id}\nCTR={}\nPID={}\nCREATE_MS={:.2}\nSTART_MS={:.2}\n",
+            ctr.id,
+            ctr.pid,
+            ctr.create.as_secs_f64() * 1e3,
+            ctr.start.as_secs_f64() * 1e3
+        );
+        let path = self.state.join(format!("{key}.env"));
+        std::fs::write(&path, &kept).with_context(|| format!("{}", path.display()))?;
+        for line in kept.lines() {
+            println!("  {key}: {line}");
+        }
+        Ok(ctr)
     }
 }

@@ -10,6 +10,7 @@ mod bed;
 mod cluster;
 mod gpunode;
 mod node;
+mod slurm;
 
 use std::process::ExitCode;
 
@@ -19,14 +20,19 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use crate::bed::Bed;
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 19] = [
+const SCENARIOS: &[&str] = &[
     "smoke-pod",
+    "smoke-slurm",
+    "seed-verification",
+    "exec-slurmd",
     "only-gpu-containers",
     "consumers-lspci-hwloc",
     "live-change",
     "agent-restart",
     "agent-surge",
     "runtime-restart",
+    "slurmrestd-delete-node",
+    "constrain-devices",
     "nri-latency",
     "isolation",
     // cluster mode
@@ -45,12 +51,17 @@ const SCENARIOS: [&str; 19] = [
 async fn scenario(name: &str, bed: &Bed) -> Result<()> {
     match name {
         "smoke-pod" => node::smoke_pod(bed).await,
+        "smoke-slurm" => slurm::smoke_slurm(bed).await,
+        "seed-verification" => slurm::seed_verification(bed).await,
+        "exec-slurmd" => slurm::exec_slurmd(bed).await,
         "only-gpu-containers" => node::only_gpu_containers(bed).await,
         "consumers-lspci-hwloc" => node::consumers_lspci_hwloc(bed).await,
         "live-change" => node::live_change(bed).await,
         "agent-restart" => agent::agent_restart(bed).await,
         "agent-surge" => agent::agent_surge(bed).await,
         "runtime-restart" => node::runtime_restart(bed).await,
+        "slurmrestd-delete-node" => slurm::slurmrestd_delete_node(bed).await,
+        "constrain-devices" => slurm::constrain_devices(bed).await,
         "nri-latency" => agent::nri_latency(bed).await,
         "isolation" => node::isolation(bed).await,
         "node-ready" => cluster::node_ready(bed).await,

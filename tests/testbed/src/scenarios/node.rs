@@ -12,11 +12,11 @@ use nix::sys::signal::Signal;
 use crate::bed::{Bed, Ctr, alive, environ, exec, exec_ok, mounts, wait_for};
 
 /// The pod of the Slinky-shaped slurmd container (seed-verification's `slurmd`).
-const SLURMD_POD: &str = "slurm-0";
+pub(crate) const SLURMD_POD: &str = "slurm-0";
 /// The built-in profile the agent's profile file is based on.
 const GPU_PROFILE: &str = "gb300";
 /// The GPUs of that profile.
-const ALL_MINORS: [u32; 4] = [0, 1, 2, 3];
+pub(crate) const ALL_MINORS: [u32; 4] = [0, 1, 2, 3];
 /// The shim, as the plugin injects it.
 const SHIM: &str = "/run/mockgpu/lib/libmockfs.so";
 
@@ -30,7 +30,7 @@ pub(crate) fn sleeper(name: &str) -> ContainerSpec {
     }
 }
 
-fn ms(d: std::time::Duration) -> String {
+pub(crate) fn ms(d: std::time::Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
 
