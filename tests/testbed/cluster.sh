@@ -307,68 +307,8 @@ widget_denied() {  # creating a widget with 8 GPUs fails (its output in $ST/widg
   if widget big 8 | kc create -f - > "$ST/widget-denied.txt" 2>&1; then kc delete widget big > /dev/null; return 1; fi
 }
 
-scenario_device_plugin_socket() {
-  local s=$R/var/lib/kubelet/device-plugins/kubelet.sock
-  wait_for 30 "the kubelet's device-plugin registration socket" test -S "$s"
-  echo "  $s (node path /var/lib/kubelet/device-plugins/kubelet.sock)"
-}
 
-pod_ctr() {  # pod_ctr <key> <namespace> <pod>: the CRI id and host PID of its container, in $ST/<key>.env
-  local id; id=$(kc -n "$2" get pod "$3" -o jsonpath='{.status.containerStatuses[0].containerID}')
-  id=${id#containerd://}; [ -n "$id" ] || fail "pod $2/$3 has no container id"
-  printf 'CTR=%s\nPID=%s\n' "$id" "$(cri pid "$id")" > "$ST/$1.env"
-}
 
-scenario_gpu_pod() {  # kubelet -> containerd -> NRI: a pod holding /dev/nvidia0 is injected
-  slurm_write_conf nvidia
-  kc apply -f - > /dev/null <<EOF
-apiVersion: v1
-kind: Namespace
-metadata: {name: $GPU_NS}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: gpu-0, namespace: $GPU_NS}
-spec:
-  hostNetwork: true
-  containers:
-  - name: slurmd
-    image: localhost/slurmd:1
-    imagePullPolicy: Never
-    command: ["/bin/sleep", "infinity"]
-    securityContext: {privileged: true}
-    volumeMounts: [{name: slurm, mountPath: /etc/slurm, readOnly: true}]
-  volumes: [{name: slurm, hostPath: {path: /etc/slurm, type: Directory}}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: env-only, namespace: $GPU_NS}
-spec:
-  containers:
-  - name: c
-    image: localhost/busybox:1
-    imagePullPolicy: Never
-    command: ["/bin/sleep", "infinity"]
-    env: [{name: NVIDIA_VISIBLE_DEVICES, value: all}]
-EOF
-  local t; t=$(date +%s%N)
-  kc -n "$GPU_NS" wait --for=condition=Ready pod/gpu-0 pod/env-only --timeout=120s > /dev/null \
-    || { kc -n "$GPU_NS" describe pods | tail -30; exit 1; }
-  timing gpu-pod-ready "$(ms "$t") ms"
-  pod_ctr k8s-gpu "$GPU_NS" gpu-0; pod_ctr k8s-env "$GPU_NS" env-only
-  assert_injected k8s-gpu
-  # NVIDIA_VISIBLE_DEVICES counts only in trusted namespaces
-  assert_untouched k8s-env
-  echo "  privileged pod holding /dev/nvidia0-3 injected; env-only pod in $GPU_NS untouched"
-  local info c
-  info=$(kc -n "$GPU_NS" exec gpu-0 -- sh -c 'cat /proc/driver/nvidia/gpus/*/information') || fail "information not readable"
-  [ "$(grep -c '^Model:' <<< "$info")" = 4 ] || fail "want 4 GPUs' information, got: $(head -3 <<< "$info")"
-  echo "  $(grep -m1 '^Model:' <<< "$info")"
-  c=$(kc -n "$GPU_NS" exec gpu-0 -- slurmd -C) || fail "slurmd -C in the pod"
-  echo "  slurmd -C: $(sed -n 1p <<< "$c")"
-  grep -q ' Gres=gpu:nvidia_gb300:4' <<< "$c" || fail "slurmd -C in the pod does not find gpu:nvidia_gb300:4"
-  kc delete namespace "$GPU_NS" --wait=false > /dev/null
-}
 
 # (replaces the host-network test bed's step of the same name)
 isolation() {  # nothing reaches out of the node, nothing listens outside it, nothing pulled
@@ -503,34 +443,6 @@ EOF
 
 dp_ns() { kc create namespace "$1" > /dev/null; wait_for 60 "the default service account in $1" kc -n "$1" get serviceaccount default; }
 
-scenario_dp_pod() {  # 2 GPUs from the kubelet: 2 device nodes, their UUIDs, the NRI injection
-  dp_ns "$DP_NS"
-  dp_pod gpu-2 2
-  local t; t=$(date +%s%N)
-  kc -n "$DP_NS" wait --for=condition=Ready pod/gpu-2 --timeout=120s > /dev/null \
-    || { kc -n "$DP_NS" describe pod gpu-2 | tail -20; exit 1; }
-  timing dp-pod-ready "$(ms "$t") ms"
-  local devs minors vis uuids gpus want
-  devs=$(kc -n "$DP_NS" exec gpu-2 -- ls /dev | grep -E '^nvidia[0-9]+$' | sort -V | tr '\n' ' ')
-  [ "$(wc -w <<< "$devs")" = 2 ] || fail "want two /dev/nvidia<N> in the pod, got: $devs"
-  minors=$(sed 's/nvidia//g' <<< "$devs")
-  vis=$(kc -n "$DP_NS" exec gpu-2 -- sh -c 'echo "$NVIDIA_VISIBLE_DEVICES"')
-  uuids=$(tr ',' '\n' <<< "$vis" | grep -cE '^GPU-[0-9a-f-]{36}$' || true)
-  [ "$uuids" = 2 ] && [ "$(tr ',' '\n' <<< "$vis" | wc -l)" = 2 ] || fail "NVIDIA_VISIBLE_DEVICES='$vis', want two GPU UUIDs"
-  # the UUIDs are those of the allocated minors in the agent's tree
-  local m u; for m in $minors; do
-    u=$(innode sh -c "grep -l '^Device Minor:[[:space:]]*$m\$' $MOCK/proc/driver/nvidia/gpus/*/information | xargs grep -h '^GPU UUID:'" | awk '{print $3}')
-    [[ ,$vis, == *",$u,"* ]] || fail "/dev/nvidia$m is GPU $u, not in NVIDIA_VISIBLE_DEVICES=$vis"
-  done
-  grep -q 'GPUs allocated to a container' "$LOGS/agent.log" || fail "the agent logged no allocation"
-  pod_ctr k8s-dp "$DP_NS" gpu-2
-  # shellcheck disable=SC2086 # the minors, one word each
-  assert_injected k8s-dp "$(echo $minors)"
-  gpus=$(kc -n "$DP_NS" exec gpu-2 -- ls /proc/driver/nvidia/gpus | tr '\n' ' ')
-  want=$(innode ls "$MOCK/proc/driver/nvidia/gpus" | tr '\n' ' ')
-  [ -n "$want" ] && [ "$gpus" = "$want" ] || fail "ls /proc/driver/nvidia/gpus in the pod: '$gpus', the node's: '$want'"
-  echo "  devices: $devs; NVIDIA_VISIBLE_DEVICES=$vis; injected; /proc/driver/nvidia/gpus: $gpus"
-}
 
 
 
@@ -1438,12 +1350,12 @@ run_cluster_scenarios() {
   sstep helm scenario_helm
   sstep chart-dry-run scenario_chart_dry_run
   sstep product-images scenario_product_images
-  sstep device-plugin-socket scenario_device_plugin_socket
-  sstep gpu-pod-injected scenario_gpu_pod
+  sstep device-plugin-socket rust_scenario device-plugin-socket
+  sstep gpu-pod-injected rust_scenario gpu-pod-injected
   sstep dp-registered rust_scenario dp-registered
   sstep gpunode-setup scenario_gpunode_setup
   sstep gpunode-reported rust_scenario gpunode-reported
-  sstep dp-pod-2-gpus scenario_dp_pod
+  sstep dp-pod-2-gpus rust_scenario dp-pod-2-gpus
   sstep gpunode-held rust_scenario gpunode-held
   sstep dp-pod-5-pending rust_scenario dp-pod-5-pending
   sstep dp-failed-gpu rust_scenario dp-failed-gpu

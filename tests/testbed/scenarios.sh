@@ -27,16 +27,8 @@ scenario_latency() { rust_scenario nri-latency; }
 isolation() { rust_scenario isolation; }
 
 # ---------------------------------------------------------------------------------------------
-# helpers
-
-ctr() { sed -n "s/^$2=//p" "$ST/$1.env"; }   # ctr <key> <VAR>
-cexec() { cri exec "$(ctr "$1" CTR)" -- "${@:2}"; }   # cexec <key> <cmd...>
-
-environ_of() { tr '\0' '\n' < "/proc/$1/environ"; }
-has_mount()  { awk -v m="$2" '$5 == m {f=1} END {exit !f}' "/proc/$1/mountinfo"; }
-
-# ---------------------------------------------------------------------------------------------
 # the node's CPU layout, read from its sysfs, and what Slurm should make of the agent's GPUs
+# (cluster mode's Slinky scenario; src/scenarios/slurm.rs has the node scenarios' own)
 
 MOCK=/run/mockgpu/fs                 # the agent's tree, as the node sees it
 cpus_of() { tr ',' '\n' | awk -F- 'NF {b = (NF > 1) ? $2 : $1; for (i = $1; i <= b; i++) print i}'; }  # cpus_of < "0-2,8": one id a line
@@ -74,83 +66,6 @@ gres_sockets() {  # the (S:...) sinfo shows for the served GPUs (exits on a GPU 
   done < <(gpus_by_minor)
   tr ' ' '\n' <<< "$ranks" | grep . | sort -un | ranges
 }
-
-assert_injected() {  # assert_injected <key> [GPU minors]: the plugin's adjustment is in the container
-  local pid minors=${2:-0 1 2 3} m; pid=$(ctr "$1" PID)
-  grep -qE '^LD_PRELOAD=(.*:)?/run/mockgpu/lib/libmockfs\.so(:.*)?$' <<< "$(environ_of "$pid")" \
-    || fail "$1: no LD_PRELOAD=/run/mockgpu/lib/libmockfs.so in /proc/$pid/environ"
-  has_mount "$pid" /run/mockgpu || fail "$1: /run/mockgpu is not mounted"
-  grep -E ' /run/mockgpu .* master:' "/proc/$pid/mountinfo" > /dev/null || fail "$1: /run/mockgpu is not rslave"
-  has_mount "$pid" /etc/ld.so.preload || fail "$1: /etc/ld.so.preload is not mounted"
-  local d; for d in $(for m in $minors; do echo "nvidia$m"; done) nvidiactl nvidia-uvm; do
-    cexec "$1" test -c "/dev/$d" || fail "$1: /dev/$d is not a character device"
-  done
-  for m in 0 1 2 3; do
-    [[ " $minors " == *" $m "* ]] && continue
-    ! cexec "$1" test -e "/dev/nvidia$m" || fail "$1: /dev/nvidia$m was injected, but the container holds GPUs $minors only"
-  done
-}
-
-assert_untouched() {  # assert_untouched <key>: no mount, no LD_PRELOAD, no devices
-  local pid; pid=$(ctr "$1" PID)
-  local env; env=$(environ_of "$pid")
-  ! grep -q '^LD_PRELOAD=' <<< "$env" || fail "$1: LD_PRELOAD was injected"
-  ! grep -q '^MOCKFS' <<< "$env" || fail "$1: MOCKFS_* was injected"
-  ! grep -qE ' /run/mockgpu | /etc/ld.so.preload ' "/proc/$pid/mountinfo" || fail "$1: a mockgpu mount was injected"
-  [ -z "$(cexec "$1" ls /dev | grep '^nvidia' || true)" ] || fail "$1: /dev/nvidia* was injected"
-}
-
-# ---------------------------------------------------------------------------------------------
-# Slurm: slurmctld + munged in the node (loopback-only network), slurmd in a container. The node
-# scenarios' Slurm steps are in Rust (src/scenarios/slurm.rs, which writes the same files);
-# cluster.sh still writes its slurm.conf here
-
-slurm_write_conf() {  # slurm_write_conf fake|nvidia [constrain]: constrain adds ConstrainDevices
-  local h hw proctrack=proctrack/linuxproc task=task/none; h=$(hostname)
-  if [ "${2:-}" = constrain ]; then proctrack=proctrack/cgroup; task=task/cgroup; fi
-  # the host's real CPU layout (as slurmd -C sees it), so the node is not invalidated
-  hw=$(innode slurmd -C | sed -n 1p | grep -oE '(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore)=[0-9]+' | tr '\n' ' ')
-  cat > "$R/etc/slurm/slurm.conf" <<EOF
-ClusterName=mgtb
-SlurmctldHost=$h(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-SlurmctldParameters=enable_configless
-AuthType=auth/munge
-CredType=cred/munge
-StateSaveLocation=/var/lib/slurm/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
-SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
-SlurmctldLogFile=/var/log/slurm/slurmctld.log
-MpiDefault=none
-ProctrackType=$proctrack
-TaskPlugin=$task
-JobAcctGatherType=jobacct_gather/none
-SelectType=select/cons_tres
-SchedulerType=sched/backfill
-ReturnToService=2
-GresTypes=gpu
-NodeName=$NODE NodeHostname=$h NodeAddr=127.0.0.1 ${hw}RealMemory=1000 Gres=gpu:nvidia_gb300:4 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-EOF
-  case $1 in
-    # hand-made: the device files come from the CRI request, the type from gres.conf
-    fake) printf 'AutoDetect=off\nName=gpu Type=nvidia_gb300 File=/dev/nvidia[0-3]\n' > "$R/etc/slurm/gres.conf" ;;
-    nvidia) printf 'AutoDetect=nvidia\n' > "$R/etc/slurm/gres.conf" ;;
-  esac
-  # Slurm's cgroup plugin for the node's hierarchy: cgroup/v2 refuses a hybrid host ("Hybrid mode
-  # is not supported"), so a cgroup v1 host gets cgroup/v1 (the devices controller's deny list;
-  # on v2 Slurm attaches a BPF device program: either way a refused open fails with EPERM)
-  if [ "${2:-}" = constrain ]; then
-    local plugin=cgroup/v1
-    [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] && plugin=cgroup/v2
-    printf 'CgroupPlugin=%s\nConstrainDevices=yes\n' "$plugin" > "$R/etc/slurm/cgroup.conf"
-  else
-    rm -f "$R/etc/slurm/cgroup.conf"
-  fi
-}
-
 
 # ---------------------------------------------------------------------------------------------
 # mockgpu
@@ -208,6 +123,6 @@ run_scenarios() {
   sstep constrain-devices rust_scenario constrain-devices
 }
 
-# reader_reads_since <ms since the epoch> <n>: the container's reader has logged n reads since then
-# Slinky scenario; constrain-devices has the same in slurm.rs)
+# opening each /dev/nvidia<m> read-write in a job: "<m> ok" or "<m> <the shell's error>" (cluster
+# mode's Slinky scenario; constrain-devices has the same in slurm.rs)
 OPEN_GPUS='for m in 0 1 2 3; do if e=$( (exec 3<> /dev/nvidia$m) 2>&1); then echo "$m ok"; else echo "$m ${e##*: }"; fi; done'

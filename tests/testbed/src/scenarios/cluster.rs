@@ -23,7 +23,7 @@ use crate::node::write_profile;
 /// The test bed's Kubernetes node (and Slurm node).
 pub(crate) const NODE: &str = "node0";
 /// The resource the agent's device plugin serves.
-const RES: &str = "nvidia.com/gpu";
+pub(crate) const RES: &str = "nvidia.com/gpu";
 /// The device plugin's pods' namespace (one the agent does not trust).
 pub(crate) const DP_NS: &str = "dp-jobs";
 
@@ -125,7 +125,12 @@ pub async fn node_ready(bed: &Bed) -> Result<()> {
 
 /// A pod that sleeps (`sleep` as PID 1 ignores SIGTERM: a grace period of 1 s, not the default 30
 /// waited out at every delete).
-fn sleeper(name: &str, namespace: &str, image: &str, extra: serde_json::Value) -> Result<Pod> {
+pub(crate) fn sleeper(
+    name: &str,
+    namespace: &str,
+    image: &str,
+    extra: serde_json::Value,
+) -> Result<Pod> {
     let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
@@ -176,7 +181,7 @@ pub(crate) fn kubectl_exec(namespace: &str, pod: &str, cmd: &[&str]) -> Result<(
 }
 
 /// Waits for a namespace's default service account (pods cannot be created before it).
-async fn default_account(client: &Client, namespace: &str) -> Result<()> {
+pub(crate) async fn default_account(client: &Client, namespace: &str) -> Result<()> {
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let what = format!("the default service account in {namespace}");
     wait_for(60, &what, || async {

@@ -9,6 +9,7 @@ mod agent;
 mod bed;
 mod cluster;
 mod gpunode;
+mod gpupods;
 mod node;
 mod slurm;
 
@@ -38,8 +39,11 @@ const SCENARIOS: &[&str] = &[
     // cluster mode
     "node-ready",
     "pod-daemonset-exec",
+    "device-plugin-socket",
+    "gpu-pod-injected",
     "dp-registered",
     "gpunode-reported",
+    "dp-pod-2-gpus",
     "gpunode-held",
     "dp-pod-5-pending",
     "dp-failed-gpu",
@@ -67,6 +71,9 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "node-ready" => cluster::node_ready(bed).await,
         "pod-daemonset-exec" => cluster::pod_daemonset_exec(bed).await,
         "dp-registered" => cluster::dp_registered(bed).await,
+        "device-plugin-socket" => gpupods::device_plugin_socket(bed).await,
+        "gpu-pod-injected" => gpupods::gpu_pod_injected(bed).await,
+        "dp-pod-2-gpus" => gpupods::dp_pod_2_gpus(bed).await,
         "dp-pod-5-pending" => cluster::dp_pod_5_pending(bed).await,
         "dp-failed-gpu" => cluster::dp_failed_gpu(bed).await,
         "gpunode-reported" => gpunode::gpunode_reported(bed).await,

@@ -137,7 +137,7 @@ pub(crate) async fn assert_injected(
 }
 
 /// The container is as the runtime made it: no shim, no `MOCKFS_*`, no mount, no device.
-async fn assert_untouched(cri: &mut Cri, name: &str, ctr: &Ctr) -> Result<()> {
+pub(crate) async fn assert_untouched(cri: &mut Cri, name: &str, ctr: &Ctr) -> Result<()> {
     let env = environ(ctr.pid)?;
     ensure!(
         !env.iter().any(|l| l.starts_with("LD_PRELOAD=")),
@@ -307,4 +307,23 @@ pub async fn runtime_restart(bed: &Bed) -> Result<()> {
     }
     cri.down(&["after-restart-0".into()]).await?;
     Ok(())
+}
+
+/// `(minor, UUID)` of every GPU the agent serves, by minor, from its tree in the node.
+pub(crate) fn gpu_uuids(bed: &Bed) -> Result<Vec<(u32, String)>> {
+    let listed = bed.in_node(&[
+        "sh",
+        "-c",
+        r#"for f in /run/mockgpu/fs/proc/driver/nvidia/gpus/*/information; do
+    printf "%s %s\n" "$(sed -n "s/^Device Minor:[[:space:]]*//p" "$f")" "$(sed -n "s/^GPU UUID:[[:space:]]*//p" "$f")"; done"#,
+    ])?;
+    let mut uuids = Vec::new();
+    for l in listed.lines() {
+        let parsed = l
+            .split_once(' ')
+            .and_then(|(m, u)| Some((m.parse().ok()?, u.to_owned())));
+        uuids.push(parsed.with_context(|| format!("GPU minor and UUID: {l:?}"))?);
+    }
+    uuids.sort();
+    Ok(uuids)
 }

@@ -16,7 +16,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::bed::{Bed, Ctr, exec_ok, tail, wait_for};
-use crate::node::{ALL_MINORS, SLURMD_POD, assert_injected, ms};
+use crate::node::{ALL_MINORS, SLURMD_POD, assert_injected, gpu_uuids, ms};
 
 /// The Slurm node name, also the agent's node name (`testbed.sh`'s `NODE`).
 const NODE: &str = "node0";
@@ -49,7 +49,7 @@ const OPEN_GPUS: &str = r#"for m in 0 1 2 3; do if e=$( (exec 3<> /dev/nvidia$m)
 
 /// Where slurmd's GPUs come from.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Gres {
+pub(crate) enum Gres {
     /// Hand-made: the device files from the CRI request, the type from gres.conf.
     Fake,
     /// `AutoDetect=nvidia`: the agent's tree.
@@ -73,7 +73,7 @@ fn slurm_hw(line: &str, key: &str) -> Result<u32> {
 
 /// slurm.conf (the host's real CPU layout, as `slurmd -C` sees it, so that the node is not
 /// invalidated), gres.conf and, with `constrain`, cgroup.conf with `ConstrainDevices=yes`.
-fn write_conf(bed: &Bed, gres: Gres, constrain: bool) -> Result<()> {
+pub(crate) fn write_conf(bed: &Bed, gres: Gres, constrain: bool) -> Result<()> {
     let h = std::fs::read_to_string("/proc/sys/kernel/hostname")?
         .trim()
         .to_owned();
@@ -1248,23 +1248,7 @@ pub async fn constrain_devices(bed: &Bed) -> Result<()> {
     wait_idle(bed, 30, "slurmd to register idle", NODE).await?;
     let cgroup_conf = std::fs::read_to_string(bed.node_path("/etc/slurm/cgroup.conf"))?;
     println!("  cgroup.conf: {}", cgroup_conf.replace('\n', " "));
-    let listed = bed.in_node(&[
-        "sh",
-        "-c",
-        r#"for f in /run/mockgpu/fs/proc/driver/nvidia/gpus/*/information; do
-    printf "%s %s\n" "$(sed -n "s/^Device Minor:[[:space:]]*//p" "$f")" "$(sed -n "s/^GPU UUID:[[:space:]]*//p" "$f")"; done"#,
-    ])?;
-    let mut uuids: Vec<(u32, String)> = Vec::new();
-    for l in listed.lines() {
-        let (m, u) = l
-            .split_once(' ')
-            .with_context(|| format!("GPU minor and UUID: {l:?}"))?;
-        let m = m
-            .parse()
-            .with_context(|| format!("GPU minor and UUID: {l:?}"))?;
-        uuids.push((m, u.to_owned()));
-    }
-    uuids.sort();
+    let uuids = gpu_uuids(bed)?;
     let uuid = |minor: u32| {
         uuids
             .iter()
