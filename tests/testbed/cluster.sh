@@ -250,7 +250,6 @@ cluster_up() {
 # ---------------------------------------------------------------------------------------------
 # scenarios
 
-node_ready() { [ "$(kc get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 
 
 
@@ -447,27 +446,6 @@ dp_ns() { kc create namespace "$1" > /dev/null; wait_for 60 "the default service
 
 
 
-scenario_dp_kubelet_restart() {  # a restarted kubelet: the plugin registers again and allocates
-  local na nk t; na=$(wc -l < "$LOGS/agent.log"); nk=$(wc -l < "$LOGS/kubelet.log")
-  t=$(date +%s%N); stop_kinds TERM kubelet
-  timing dp-kubelet-stopped "$(ms "$t") ms"
-  t=$(date +%s%N); spawn_kubelet
-  wait_for 60 "the agent registers again" log_since "$LOGS/agent.log" "$na" 'registered with the kubelet' \
-    || { tail -n +"$(( na + 1 ))" "$LOGS/agent.log" | tail -10; fail "the agent did not register again after the kubelet restart"; }
-  timing dp-reregistered "$(ms "$t") ms after the kubelet restart"
-  log_since "$LOGS/kubelet.log" "$nk" "Got registration request from device plugin with resource.*$RES" \
-    || fail "the restarted kubelet logged no registration request for $RES"
-  wait_for 60 "allocatable $RES = 4" allocatable_is 4 || fail "allocatable $RES is '$(allocatable)' after the kubelet restart, want 4"
-  wait_for 120 "node $NODE Ready" node_ready || fail "the node is not Ready after the kubelet restart"
-  # only a registered plugin's devices are allocated: a new pod with a GPU runs
-  local ns=$DP_NS-restart; dp_ns "$ns"; dp_pod gpu-1 1 "$ns"; t=$(date +%s%N)
-  kc -n "$ns" wait --for=condition=Ready pod/gpu-1 --timeout=120s > /dev/null \
-    || { kc -n "$ns" describe pod gpu-1 | tail -20; fail "a pod with 1 GPU did not start after the kubelet restart"; }
-  timing dp-pod-after-restart "$(ms "$t") ms"
-  kc delete namespace "$ns" --wait=false > /dev/null
-  echo "  re-registered: $(tail -n +"$(( na + 1 ))" "$LOGS/agent.log" | grep -m1 'registered with the kubelet' | sed 's/^.*INFO //')"
-  echo "  allocatable $RES after the restart: $(allocatable)"
-}
 
 # ---------------------------------------------------------------------------------------------
 # the controller: two replicas as host processes in the node's network namespace, with a service
@@ -1359,7 +1337,7 @@ run_cluster_scenarios() {
   sstep gpunode-held rust_scenario gpunode-held
   sstep dp-pod-5-pending rust_scenario dp-pod-5-pending
   sstep dp-failed-gpu rust_scenario dp-failed-gpu
-  sstep dp-kubelet-restart scenario_dp_kubelet_restart
+  sstep dp-kubelet-restart rust_scenario dp-kubelet-restart
   sstep gpunode-topology rust_scenario gpunode-topology
   sstep gpunode-recreated rust_scenario gpunode-recreated
   sstep gpunode-heartbeat rust_scenario gpunode-heartbeat

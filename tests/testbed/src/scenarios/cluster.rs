@@ -70,7 +70,7 @@ where
 }
 
 /// A condition of a node: `type` with `status`.
-fn node_condition(kind: &'static str, status: &'static str) -> impl Condition<Node> {
+pub(crate) fn node_condition(kind: &'static str, status: &'static str) -> impl Condition<Node> {
     move |n: Option<&Node>| {
         n.and_then(|n| n.status.as_ref())
             .and_then(|s| s.conditions.as_ref())
@@ -83,7 +83,7 @@ fn quantity(q: Option<&BTreeMap<String, Quantity>>) -> Option<String> {
 }
 
 /// The node's allocatable GPUs (`nvidia.com/gpu`).
-fn allocatable(n: Option<&Node>) -> Option<String> {
+pub(crate) fn allocatable(n: Option<&Node>) -> Option<String> {
     quantity(
         n.and_then(|n| n.status.as_ref())
             .and_then(|s| s.allocatable.as_ref()),

@@ -13,7 +13,10 @@ use mockgpu_testbed::client::Cri;
 use serde_json::json;
 
 use crate::bed::{Bed, Ctr, wait_for};
-use crate::cluster::{DP_NS, RES, client, default_account, kubectl_exec, sleeper, wait_object};
+use crate::cluster::{
+    DP_NS, NODE, RES, allocatable, client, default_account, kubectl_exec, node_condition, sleeper,
+    wait_object,
+};
 use crate::node::{ALL_MINORS, assert_injected, assert_untouched, gpu_uuids};
 use crate::slurm::{Gres, write_conf};
 
@@ -216,6 +219,102 @@ pub async fn dp_pod_2_gpus(bed: &Bed) -> Result<()> {
     println!(
         "  devices: nvidia{minors:?}; NVIDIA_VISIBLE_DEVICES={vis:?}; injected; /proc/driver/nvidia/gpus: {}",
         gpus.replace('\n', " ")
+    );
+    Ok(())
+}
+
+/// The kubelet's arguments in the node (as `cluster.sh`'s `spawn_kubelet`).
+const KUBELET: [&str; 7] = [
+    "/opt/k8s/kubelet",
+    "--config=/etc/kubernetes/kubelet.yaml",
+    "--kubeconfig=/etc/kubernetes/kubelet.kubeconfig",
+    "--hostname-override=node0",
+    "--node-ip=192.0.2.10",
+    "--root-dir=/var/lib/kubelet",
+    "-v=2",
+];
+
+/// A restarted kubelet: the agent's plugin registers again by itself, the GPUs are allocatable
+/// again, and a new pod with a GPU runs.
+pub async fn dp_kubelet_restart(bed: &Bed) -> Result<()> {
+    let (agent_from, kubelet_from) = (bed.log_lines("agent.log"), bed.log_lines("kubelet.log"));
+    let t = Instant::now();
+    bed.stop(nix::sys::signal::Signal::SIGTERM, &["kubelet"])
+        .await?;
+    bed.timing(
+        "dp-kubelet-stopped",
+        &format!("{} ms", t.elapsed().as_millis()),
+    );
+    let t = Instant::now();
+    bed.spawn("kubelet", "kubelet.log", &KUBELET)?;
+    wait_for(
+        60,
+        "the agent to register with the restarted kubelet",
+        || async { bed.logged_since("agent.log", agent_from, "registered with the kubelet") },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", bed.log_tails(&["agent.log"], 10)))?;
+    bed.timing(
+        "dp-reregistered",
+        &format!("{} ms after the kubelet restart", t.elapsed().as_millis()),
+    );
+    let kubelet = std::fs::read_to_string(bed.logs.join("kubelet.log")).unwrap_or_default();
+    ensure!(
+        kubelet
+            .lines()
+            .skip(kubelet_from)
+            .any(|l| l.contains("Got registration request from device plugin") && l.contains(RES)),
+        "the restarted kubelet logged no registration request for {RES}"
+    );
+    let client = client().await?;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let four =
+        |n: Option<&k8s_openapi::api::core::v1::Node>| allocatable(n).as_deref() == Some("4");
+    wait_object(
+        &nodes,
+        NODE,
+        60,
+        &format!("allocatable {RES} = 4 after the kubelet restart"),
+        four,
+    )
+    .await?;
+    wait_object(
+        &nodes,
+        NODE,
+        120,
+        "the node to be Ready after the kubelet restart",
+        node_condition("Ready", "True"),
+    )
+    .await?;
+    // only a registered plugin's devices are allocated: a new pod with a GPU runs
+    let ns = format!("{DP_NS}-restart");
+    create_namespace(&client, &ns).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = sleeper(
+        "gpu-1",
+        &ns,
+        "localhost/slurmd:1",
+        json!({"resources": {"limits": {RES: "1"}}}),
+    )?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let t = Instant::now();
+    wait_object(
+        &pods,
+        "gpu-1",
+        120,
+        "a pod with 1 GPU to start after the kubelet restart",
+        pod_ready(),
+    )
+    .await?;
+    bed.timing(
+        "dp-pod-after-restart",
+        &format!("{} ms", t.elapsed().as_millis()),
+    );
+    Api::<Namespace>::all(client)
+        .delete(&ns, &DeleteParams::default())
+        .await?;
+    println!(
+        "  re-registered with the restarted kubelet; allocatable {RES} 4; a pod with 1 GPU ran"
     );
     Ok(())
 }
