@@ -19,6 +19,7 @@ rust_scenario() {
     MGTB_CGROUP_PARENT="$CGROUP_PARENT" AGENT_ARGS="$AGENT_ARGS" LAT_N="$LAT_N" \
     AGENT_RESTART_PAUSE="$AGENT_RESTART_PAUSE" LAT_MAX_RATIO="${LAT_MAX_RATIO:-}" \
     KUBECONFIG="${KCFG:-}" KUBECTL="${KUBECTL:-}" K8S_VERSION="${K8S_VERSION:-}" \
+    CONTROLLER_BIN="$CONTROLLER_BIN" HELM="${HELM:-}" REPO="$REPO" \
     "$SCENARIOS_BIN" --exact "$1" 9>&-
 }
 smoke_pod() { rust_scenario smoke-pod; }

@@ -21,7 +21,7 @@ use crate::bed::{Bed, wait_for};
 use crate::node::write_profile;
 
 /// The test bed's Kubernetes node (and Slurm node).
-const NODE: &str = "node0";
+pub(crate) const NODE: &str = "node0";
 /// The resource the agent's device plugin serves.
 const RES: &str = "nvidia.com/gpu";
 /// The device plugin's pods' namespace (one the agent does not trust).
@@ -39,7 +39,7 @@ pub async fn client() -> Result<Client> {
 
 /// Waits up to `secs` for the named object to meet `cond`; on timeout an error naming `what`,
 /// with the object's status as it was then.
-async fn wait_object<K>(
+pub(crate) async fn wait_object<K>(
     api: &Api<K>,
     name: &str,
     secs: u64,

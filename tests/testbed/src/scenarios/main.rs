@@ -8,6 +8,7 @@
 mod agent;
 mod bed;
 mod cluster;
+mod controller;
 mod node;
 
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use crate::bed::Bed;
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 14] = [
+const SCENARIOS: [&str; 21] = [
     "smoke-pod",
     "only-gpu-containers",
     "consumers-lspci-hwloc",
@@ -34,6 +35,13 @@ const SCENARIOS: [&str; 14] = [
     "dp-registered",
     "dp-pod-5-pending",
     "dp-failed-gpu",
+    "controller-rbac",
+    "controller-leader",
+    "controller-labels",
+    "controller-stale",
+    "controller-failover",
+    "controller-apiserver-restart",
+    "controller-gpunode-deleted",
 ];
 
 async fn scenario(name: &str, bed: &Bed) -> Result<()> {
@@ -52,6 +60,13 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "dp-registered" => cluster::dp_registered(bed).await,
         "dp-pod-5-pending" => cluster::dp_pod_5_pending(bed).await,
         "dp-failed-gpu" => cluster::dp_failed_gpu(bed).await,
+        "controller-rbac" => controller::controller_rbac(bed).await,
+        "controller-leader" => controller::controller_leader(bed).await,
+        "controller-labels" => controller::controller_labels(bed).await,
+        "controller-stale" => controller::controller_stale(bed).await,
+        "controller-failover" => controller::controller_failover(bed).await,
+        "controller-apiserver-restart" => controller::controller_apiserver_restart(bed).await,
+        "controller-gpunode-deleted" => controller::controller_gpunode_deleted(bed).await,
         _ => bail!("no scenario {name}"),
     }
 }
