@@ -448,9 +448,9 @@ dp_ns() { kc create namespace "$1" > /dev/null; wait_for 60 "the default service
 
 
 # ---------------------------------------------------------------------------------------------
-# the controller: two replicas as host processes in the node's network namespace, with a service
-# account's token and the least privilege the chart grants; a fake Node of our own with a GpuNode
-# whose heartbeats the steps write (the agent's GpuNode of node0 is the agent's business)
+# the controller's steps (controller-rbac ... controller-gpunode-deleted) are in Rust
+# (src/scenarios/controller.rs): two replicas as host processes in the node's network namespace
+# (kinds controller-ctl-a, controller-ctl-b), with a service account's token and the chart's RBAC
 
 # chart_rbac <agent|controller> <namespace>: that component's service account and roles as the
 # chart makes them (release mockgpu), applied by kubectl: the steps before chart-install run the
@@ -462,36 +462,6 @@ chart_rbac() {
   kc apply -f "$ST/$1-rbac.yaml" > /dev/null
 }
 
-CONTROLLER_BIN=${CONTROLLER_BIN:-$(dirname "$AGENT_BIN")/mockgpu-controller}
-CTL_NS=mockgpu-system
-CTL_SA=system:serviceaccount:$CTL_NS:mockgpu-controller
-CTL_NODE=mgtb-gpu1                 # a Node object without a kubelet, ours to label
-CTL_STALE=20                       # MOCKGPU_STALE_AFTER of the replicas (s)
-CTL_LEASE_S=15                     # the lease's duration (the controller's default)
-
-ctl_holder() { kc -n "$CTL_NS" get lease mockgpu-controller -o jsonpath='{.spec.holderIdentity}' 2> /dev/null; }
-ctl_holder_is() { [ "$(ctl_holder)" = "$1" ]; }
-ctl_holder_in() { local h; h=$(ctl_holder); [ -n "$h" ] && [[ " $* " == *" $h "* ]]; }
-ctl_label() { node_label "$1" "$CTL_NODE"; }
-ctl_label_is() { [ "$(ctl_label "$1")" = "$2" ]; }
-ctl_cond() { kc get gpunode "$CTL_NODE" -o jsonpath="{.status.conditions[?(@.type==\"$1\")].status}"; }
-ctl_cond_is() { [ "$(ctl_cond "$1")" = "$2" ]; }
-ctl_curl() { nsenter -t "$(nodepid)" -n -- curl -sf "http://127.0.0.1:$1$2"; }
-ctl_port() { case $1 in ctl-a) echo 18080 ;; *) echo 18081 ;; esac; }
-
-ctl_start() {  # ctl_start <identity>: a replica, kind controller-<identity>, log controller-<identity>.log
-  setsid nsenter -t "$(nodepid)" -n -- env POD_NAMESPACE=$CTL_NS POD_NAME="$1" \
-    MOCKGPU_CONTROLLER_LISTEN="127.0.0.1:$(ctl_port "$1")" MOCKGPU_STALE_AFTER=$CTL_STALE \
-    "$CONTROLLER_BIN" run --kubeconfig "$ST/controller.kubeconfig" >> "$LOGS/controller-$1.log" 2>&1 < /dev/null 9>&- &
-  track "controller-$1" $!
-}
-
-ctl_heartbeat() {  # ctl_heartbeat [topologySince]: the GpuNode's status as an agent would write it
-  local now; now=$(date -u +%FT%TZ)
-  kc patch gpunode "$CTL_NODE" --subresource=status --type=merge \
-    -p "{\"status\":{\"lastHeartbeat\":\"$now\",\"topologySince\":\"${1:-$now}\",\"heldGpus\":0}}" > /dev/null
-}
-
 gpunode_yaml() {  # gpunode_yaml <name> <profile> <GPUs> <model>: a GpuNode as an agent would report it
   local i gpus=""
   for i in $(seq 0 $(( $3 - 1 ))); do
@@ -499,145 +469,6 @@ gpunode_yaml() {  # gpunode_yaml <name> <profile> <GPUs> <model>: a GpuNode as a
   done
   printf 'apiVersion: mockgpu.io/v1alpha1\nkind: GpuNode\nmetadata: {name: %s}\nspec: {nodeName: %s, mode: mock, profile: %s, topologyHash: %s-%s, gpuCount: %s, gpus: [%s]}\n' \
     "$1" "$1" "$2" "$2" "$3" "$3" "${gpus%,}"
-}
-ctl_gpunode() { gpunode_yaml "$CTL_NODE" "$@" | kc apply -f - > /dev/null; }   # ctl_gpunode <profile> <GPUs> <model>
-
-scenario_controller_rbac() {  # the CRD, the service account, its roles, a token kubeconfig; can-i
-  "$CONTROLLER_BIN" crd | kc apply -f - > /dev/null
-  kc wait --for=condition=Established crd/gpunodes.mockgpu.io --timeout=60s > /dev/null
-  chart_rbac controller "$CTL_NS"
-  local token; token=$(kc -n "$CTL_NS" create token mockgpu-controller --duration=2h)
-  kubeconfig "$ST/controller.kubeconfig" mockgpu-controller "$token"
-  local v want got bad=""
-  while read -r want v; do
-    # shellcheck disable=SC2086 # the verb, resource and flags are words
-    got=$(kc auth can-i --as="$CTL_SA" $v 2> /dev/null || true)
-    [ "$got" = "$want" ] || bad="$bad [$v: $got, want $want]"
-  done <<EOF
-yes patch nodes
-yes delete pods -n $GPU_NS
-yes patch gpunodes.mockgpu.io --subresource=status
-yes update leases.coordination.k8s.io -n $CTL_NS
-yes create events.events.k8s.io -n default
-no delete nodes
-no patch gpunodes.mockgpu.io
-no delete gpunodes.mockgpu.io
-no create pods -n $GPU_NS
-no get secrets -n $CTL_NS
-no update leases.coordination.k8s.io -n kube-system
-no delete leases.coordination.k8s.io -n $CTL_NS
-EOF
-  [ -z "$bad" ] || fail "RBAC of the controller's service account:$bad"
-  echo "  $CTL_SA: granted exactly the listed verbs (12 can-i checks: 5 allowed, 7 denied)"
-}
-
-scenario_controller_leader() {  # two replicas: one holds the lease and acts, both are ready
-  kc apply -f - > /dev/null <<EOF
-apiVersion: v1
-kind: Node
-metadata: {name: $CTL_NODE, labels: {kubernetes.io/hostname: $CTL_NODE}}
-EOF
-  local t; t=$(date +%s%N)
-  : > "$LOGS/controller-ctl-a.log"; : > "$LOGS/controller-ctl-b.log"   # logs are kept across runs
-  ctl_start ctl-a; ctl_start ctl-b
-  wait_for 30 "a controller holds the lease" ctl_holder_in ctl-a ctl-b || { tail -5 "$LOGS"/controller-ctl-*.log; exit 1; }
-  timing controller-leader "$(ms "$t") ms to a lease holder"
-  local leader standby; leader=$(ctl_holder); standby=$([ "$leader" = ctl-a ] && echo ctl-b || echo ctl-a)
-  wait_for 10 "$standby ready" ctl_curl "$(ctl_port "$standby")" /readyz
-  wait_for 10 "$leader ready" ctl_curl "$(ctl_port "$leader")" /readyz
-  ctl_curl "$(ctl_port "$leader")" /metrics | matches -x 'mockgpu_controller_leader 1' || fail "$leader: metric leader is not 1"
-  ctl_curl "$(ctl_port "$standby")" /metrics | matches -x 'mockgpu_controller_leader 0' || fail "$standby: metric leader is not 0"
-  grep -q 'leading: controllers started' "$LOGS/controller-$leader.log" || fail "$leader did not log leading"
-  ! grep -q 'leading: controllers started' "$LOGS/controller-$standby.log" || fail "$standby started its controllers too"
-  echo "$leader" > "$ST/controller.leader"
-  echo "  leader $leader, standby $standby (both /readyz 200; metric mockgpu_controller_leader 1 / 0)"
-}
-
-scenario_controller_labels() {  # a GpuNode: its Node gets the labels, only from the leader
-  local leader standby t; leader=$(cat "$ST/controller.leader"); standby=$([ "$leader" = ctl-a ] && echo ctl-b || echo ctl-a)
-  t=$(date +%s%N)
-  ctl_gpunode gb300 4 "NVIDIA GB300"; ctl_heartbeat
-  wait_for 30 "node $CTL_NODE labelled gb300" ctl_label_is mockgpu.io/profile gb300 || { tail -5 "$LOGS/controller-$leader.log"; exit 1; }
-  timing controller-labels "$(ms "$t") ms from the GpuNode to the node's labels"
-  local l want
-  for want in nvidia.com/gpu.present=true nvidia.com/gpu.count=4 nvidia.com/gpu.product=NVIDIA-GB300 feature.node.kubernetes.io/pci-10de.present=true; do
-    l=$(ctl_label "${want%%=*}"); [ "$l" = "${want#*=}" ] || fail "label ${want%%=*}='$l', want ${want#*=}"
-  done
-  kc get node "$CTL_NODE" --show-managed-fields -o json | matches '"manager": "mockgpu-controller"' || fail "no managed fields of mockgpu-controller on $CTL_NODE"
-  ! kc get node "$NODE" --show-managed-fields -o json | matches '"manager": "mockgpu-controller"' || [ -n "$(kc get gpunode "$NODE" -o name 2> /dev/null)" ] \
-    || fail "the controller touched $NODE, which has no GpuNode"
-  wait_for 20 "Stale=False" ctl_cond_is Stale False || fail "Stale is '$(ctl_cond Stale)'"
-  [ "$(ctl_cond Drifted)" = False ] && [ "$(ctl_cond InjectionMissing)" = False ] || fail "Drifted '$(ctl_cond Drifted)', InjectionMissing '$(ctl_cond InjectionMissing)'"
-  kc get events -n default --field-selector "involvedObject.name=$CTL_NODE,reason=LabelsApplied" -o name | matches . || fail "no LabelsApplied event on GpuNode $CTL_NODE"
-  grep -q 'node labels applied' "$LOGS/controller-$leader.log" || fail "the leader logged no label apply"
-  ! grep -qE 'node labels applied|conditions applied' "$LOGS/controller-$standby.log" || fail "the standby acted"
-  echo "  $(kc get node "$CTL_NODE" -o jsonpath='{.metadata.labels}')"
-  echo "  conditions: $(kc get gpunode "$CTL_NODE" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {end}'); only $leader acted"
-}
-
-scenario_controller_stale() {  # no heartbeat for MOCKGPU_STALE_AFTER: Stale=True, an event; then back
-  ctl_heartbeat; local t; t=$(date +%s%N)
-  wait_for 20 "Stale=False" ctl_cond_is Stale False
-  wait_for $(( CTL_STALE + 15 )) "Stale=True" ctl_cond_is Stale True || fail "Stale is '$(ctl_cond Stale)' $(( CTL_STALE + 15 )) s after the last heartbeat"
-  timing controller-stale "$(ms "$t") ms from the last heartbeat to Stale=True (stale after $CTL_STALE s)"
-  kc get events -n default --field-selector "involvedObject.name=$CTL_NODE,reason=HeartbeatLost" -o name | matches . || fail "no HeartbeatLost event"
-  [ "$(ctl_cond InjectionMissing)" = Unknown ] || fail "InjectionMissing is '$(ctl_cond InjectionMissing)' on a stale node, want Unknown"
-  ctl_heartbeat
-  wait_for 20 "Stale=False again" ctl_cond_is Stale False || fail "Stale is '$(ctl_cond Stale)' after a new heartbeat"
-  echo "  Stale=True after $(( ($(date +%s%N) - t) / 1000000 )) ms without heartbeats (event HeartbeatLost); a heartbeat: Stale=False"
-}
-
-ctl_other() { [ "$1" = ctl-a ] && echo ctl-b || echo ctl-a; }
-
-scenario_controller_failover() {  # SIGTERM: the lease is released, handed over at once; SIGKILL: within the lease time
-  local leader next t ms
-  leader=$(ctl_holder); next=$(ctl_other "$leader")
-  t=$(date +%s%N); stop_kinds TERM "controller-$leader"
-  wait_for 10 "$next holds the lease" ctl_holder_is "$next" || fail "after SIGTERM of $leader the lease is held by '$(ctl_holder)'"
-  ms=$(ms "$t"); timing controller-handover-sigterm "$ms ms"
-  grep -q 'lease released' "$LOGS/controller-$leader.log" || fail "$leader did not release the lease"
-  ctl_start "$leader"   # back, as the standby
-  leader=$next; next=$(ctl_other "$leader")
-  wait_for 10 "$next ready" ctl_curl "$(ctl_port "$next")" /readyz
-  t=$(date +%s%N); stop_kinds KILL "controller-$leader"
-  wait_for $(( CTL_LEASE_S + 10 )) "$next holds the lease" ctl_holder_is "$next" || fail "after SIGKILL of $leader the lease is held by '$(ctl_holder)'"
-  ms=$(ms "$t"); timing controller-handover-sigkill "$ms ms (lease $CTL_LEASE_S s)"
-  [ "$ms" -le $(( CTL_LEASE_S * 1000 + 2000 )) ] || fail "handover after SIGKILL took $ms ms, more than the lease ($CTL_LEASE_S s) and one retry"
-  # the new leader acts
-  ctl_gpunode h100 8 "NVIDIA H100 80GB HBM3"; t=$(date +%s%N)
-  wait_for 30 "the label follows (h100)" ctl_label_is mockgpu.io/profile h100 || fail "profile label '$(ctl_label mockgpu.io/profile)' after the handover"
-  ctl_label_is nvidia.com/gpu.product NVIDIA-H100-80GB-HBM3 || fail "product label '$(ctl_label nvidia.com/gpu.product)'"
-  timing controller-label-after-handover "$(ms "$t") ms"
-  ctl_start "$leader"
-  echo "  SIGTERM: lease released, $next took over; SIGKILL of $leader: $next took over in $ms ms; labels follow (h100, 8)"
-}
-
-scenario_controller_apiserver_restart() {  # the watches survive a restarted API server
-  local t; t=$(date +%s%N)
-  stop_kinds TERM kube-apiserver
-  spawn_apiserver
-  wait_for 120 "kube-apiserver /readyz" api_ready || { tail -20 "$LOGS/kube-apiserver.log"; exit 1; }
-  timing controller-apiserver-restart "$(ms "$t") ms to /readyz"
-  wait_for $(( CTL_LEASE_S + 10 )) "a controller holds the lease" ctl_holder_in ctl-a ctl-b || fail "no lease holder after the restart"
-  ctl_heartbeat; ctl_gpunode b200 8 "NVIDIA B200"; t=$(date +%s%N)
-  wait_for 60 "the label follows (b200)" ctl_label_is mockgpu.io/profile b200 || { tail -5 "$LOGS"/controller-ctl-*.log; fail "profile label '$(ctl_label mockgpu.io/profile)' after the API server restart"; }
-  timing controller-label-after-apiserver-restart "$(ms "$t") ms"
-  echo "  after the restart: leader $(ctl_holder); labels follow (b200, $(ctl_label nvidia.com/gpu.count) GPUs)"
-}
-
-scenario_controller_gpunode_deleted() {  # no GpuNode: our labels go, the node's own stay; SIGTERM releases
-  kc delete gpunode "$CTL_NODE" > /dev/null; local t; t=$(date +%s%N)
-  wait_for 30 "the profile label removed" ctl_label_is mockgpu.io/profile "" || fail "profile label '$(ctl_label mockgpu.io/profile)' after the GpuNode was deleted"
-  timing controller-labels-removed "$(ms "$t") ms"
-  local k; for k in nvidia.com/gpu.present nvidia.com/gpu.count nvidia.com/gpu.product feature.node.kubernetes.io/pci-10de.present; do
-    [ -z "$(ctl_label "$k")" ] || fail "label $k left on $CTL_NODE"
-  done
-  ctl_label_is kubernetes.io/hostname "$CTL_NODE" || fail "the node's own label is gone"
-  kc get events -n default --field-selector "involvedObject.name=$CTL_NODE,reason=LabelsRemoved" -o name | matches . || fail "no LabelsRemoved event on node $CTL_NODE"
-  stop_kinds TERM controller-ctl-a controller-ctl-b
-  [ -z "$(ctl_holder)" ] || fail "the lease is still held by '$(ctl_holder)' after both replicas stopped"
-  kc delete node "$CTL_NODE" > /dev/null
-  echo "  labels removed, kubernetes.io/hostname kept; both replicas stopped, the lease released"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -1342,13 +1173,13 @@ run_cluster_scenarios() {
   sstep gpunode-recreated rust_scenario gpunode-recreated
   sstep gpunode-heartbeat rust_scenario gpunode-heartbeat
   sstep gpunode-last-report scenario_gpunode_last_report
-  sstep controller-rbac scenario_controller_rbac
-  sstep controller-leader scenario_controller_leader
-  sstep controller-labels scenario_controller_labels
-  sstep controller-stale scenario_controller_stale
-  sstep controller-failover scenario_controller_failover
-  sstep controller-apiserver-restart scenario_controller_apiserver_restart
-  sstep controller-gpunode-deleted scenario_controller_gpunode_deleted
+  sstep controller-rbac rust_scenario controller-rbac
+  sstep controller-leader rust_scenario controller-leader
+  sstep controller-labels rust_scenario controller-labels
+  sstep controller-stale rust_scenario controller-stale
+  sstep controller-failover rust_scenario controller-failover
+  sstep controller-apiserver-restart rust_scenario controller-apiserver-restart
+  sstep controller-gpunode-deleted rust_scenario controller-gpunode-deleted
   if slinky_supported; then sstep slinky-slurm scenario_slinky_slurm
   else log "slinky-slurm: left out: the node root has Slurm $(innode slurmd -V | awk '{print $2}'), Slinky's operator supports 25.11 and later (SUITE=sid has 26.05)"; fi
   sstep chart-install scenario_chart_install

@@ -18,8 +18,9 @@ rust_scenario() {
   nsenter -t "$(nodepid)" -n -- env TB="$TB" R="$R" LOGS="$LOGS" ST="$ST" CRI_SOCKET="$CRI_SOCKET" \
     MGTB_CGROUP_PARENT="$CGROUP_PARENT" AGENT_ARGS="$AGENT_ARGS" LAT_N="$LAT_N" \
     AGENT_RESTART_PAUSE="$AGENT_RESTART_PAUSE" LAT_MAX_RATIO="${LAT_MAX_RATIO:-}" \
-    CONTROLLER_BIN="$CONTROLLER_BIN" KUBECONFIG="${KCFG:-}" KUBECTL="${KUBECTL:-}" \
-    K8S_VERSION="${K8S_VERSION:-}" "$SCENARIOS_BIN" --exact "$1" 9>&-
+    KUBECONFIG="${KCFG:-}" KUBECTL="${KUBECTL:-}" K8S_VERSION="${K8S_VERSION:-}" \
+    CONTROLLER_BIN="$CONTROLLER_BIN" HELM="${HELM:-}" REPO="$REPO" \
+    "$SCENARIOS_BIN" --exact "$1" 9>&-
 }
 smoke_pod() { rust_scenario smoke-pod; }
 smoke_slurm() { rust_scenario smoke-slurm; }

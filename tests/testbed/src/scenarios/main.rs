@@ -8,6 +8,7 @@
 mod agent;
 mod bed;
 mod cluster;
+mod controller;
 mod gpunode;
 mod gpupods;
 mod node;
@@ -51,6 +52,13 @@ const SCENARIOS: &[&str] = &[
     "gpunode-topology",
     "gpunode-recreated",
     "gpunode-heartbeat",
+    "controller-rbac",
+    "controller-leader",
+    "controller-labels",
+    "controller-stale",
+    "controller-failover",
+    "controller-apiserver-restart",
+    "controller-gpunode-deleted",
 ];
 
 async fn scenario(name: &str, bed: &Bed) -> Result<()> {
@@ -83,6 +91,13 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "gpunode-topology" => gpunode::gpunode_topology(bed).await,
         "gpunode-recreated" => gpunode::gpunode_recreated(bed).await,
         "gpunode-heartbeat" => gpunode::gpunode_heartbeat(bed).await,
+        "controller-rbac" => controller::controller_rbac(bed).await,
+        "controller-leader" => controller::controller_leader(bed).await,
+        "controller-labels" => controller::controller_labels(bed).await,
+        "controller-stale" => controller::controller_stale(bed).await,
+        "controller-failover" => controller::controller_failover(bed).await,
+        "controller-apiserver-restart" => controller::controller_apiserver_restart(bed).await,
+        "controller-gpunode-deleted" => controller::controller_gpunode_deleted(bed).await,
         _ => bail!("no scenario {name}"),
     }
 }
