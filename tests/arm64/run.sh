@@ -16,8 +16,9 @@
 #   test [NAME...]  every aarch64 test binary inside the arm64 root under qemu-user (some tests
 #           left out: see EMULATION_SKIP), or only those named (device_plugin, exec, ...), then
 #           `mockgpu-agent exec` as a user runs it; non-zero when any fails
-# Env: A64 (/var/tmp/mgarm64), A64_TARGET (the aarch64 target directory, $A64/target), MIRROR
-#      (from the apt sources), RUST_LOG (passed to the tests).
+# Env: A64 (/var/tmp/mgarm64), A64_TARGET (the aarch64 target directory, $A64/target),
+#      A64_TARGET_MAX_GIB (10: above it the target directory starts over), MIRROR (from the apt
+#      sources), RUST_LOG (passed to the tests).
 # Needs root and a kernel >= 6.7: qemu-aarch64 is registered in a binfmt_misc instance private to
 # a user namespace, never host-wide.
 set -euo pipefail
@@ -148,6 +149,7 @@ HOST_CARGO_HOME=${CARGO_HOME:-$HOME/.cargo}   # its registry cache is shared (ca
 # the aarch64 target directory: a cache beside the roots (a fresh clone rebuilds only its own
 # crates), seen at the same path in both roots
 TD=${A64_TARGET:-$A64/target}
+TARGET_MAX_GIB=${A64_TARGET_MAX_GIB:-10}   # the target directory starts over above this size
 CARGO_ENV=(CARGO_HOME=/cargo-home CARGO_TARGET_DIR="$TD" CARGO_TERM_COLOR=never
   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
   ${CARGO_INCREMENTAL:+CARGO_INCREMENTAL=$CARGO_INCREMENTAL})
@@ -204,16 +206,19 @@ image_packages() {
 
 phase_build() {
   [ -f "$B.key" ] || fail "no build root: run.sh roots"
-  local t key; t=$(date +%s)
-  # cargo never removes what it built for other dependency versions or profiles: the cache is
-  # started over when the manifest, the lock file or the toolchain's root changes, so it cannot grow
-  # without bound (it had reached 8.4 GB)
-  key=$(cat "$REPO/Cargo.toml" "$REPO/Cargo.lock" "$B.key" | sha256sum | cut -c1-16)
-  if [ -d "$TD" ] && [ "$(cat "$TD/deps.key" 2>/dev/null)" != "$key" ]; then
-    log "build: manifest, lock file or toolchain changed: the target directory $TD starts over"
+  local t size_gib; t=$(date +%s)
+  # cargo never removes what it built for other dependency versions or profiles: the cache starts
+  # over when the toolchain's root changes, or when it has grown past A64_TARGET_MAX_GIB (it had
+  # reached 8.4 GB). A changed lock file alone builds only what changed (a full build: ~40 min).
+  # (a directory without root.key predates it: kept; cargo's fingerprints name the compiler)
+  if [ -f "$TD/root.key" ] && [ "$(cat "$TD/root.key")" != "$(cat "$B.key")" ]; then
+    log "build: the build root changed: the target directory $TD starts over"
+    umount_under "$TD"; rm -rf "$TD"
+  elif [ -d "$TD" ] && size_gib=$(( $(du -sb "$TD" | cut -f1) >> 30 )) && [ "$size_gib" -ge "$TARGET_MAX_GIB" ]; then
+    log "build: the target directory $TD holds $size_gib GiB (at most $TARGET_MAX_GIB): it starts over"
     umount_under "$TD"; rm -rf "$TD"
   fi
-  mkdir -p "$TD"; echo "$key" > "$TD/deps.key"
+  mkdir -p "$TD"; rm -f "$TD/deps.key"; cat "$B.key" > "$TD/root.key"
   unshare --mount --propagation private -- bash "$0" _build
   local agent=$TD/$TRIPLE/release/mockgpu-agent
   [ -x "$agent" ] || fail "$agent was not built"

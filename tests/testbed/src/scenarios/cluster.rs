@@ -24,6 +24,8 @@ use crate::node::write_profile;
 pub(crate) const NODE: &str = "node0";
 /// The resource the agent's device plugin serves.
 pub(crate) const RES: &str = "nvidia.com/gpu";
+/// A namespace of GPU pods the agent does not trust (`--trusted-namespaces default`).
+pub(crate) const GPU_NS: &str = "gpu-jobs";
 /// The device plugin's pods' namespace (one the agent does not trust).
 pub(crate) const DP_NS: &str = "dp-jobs";
 

@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::bed::{Bed, start_time, wait_for};
-use crate::cluster::{NODE, client, wait_object};
+use crate::cluster::{GPU_NS, NODE, client, wait_object};
 
 /// The controller's namespace (its service account, the lease).
 const CTL_NS: &str = "mockgpu-system";
@@ -44,8 +44,6 @@ const CTL_STALE: u64 = 20;
 const CTL_LEASE_S: u64 = 15;
 /// The lease the replicas elect their leader with.
 const LEASE: &str = "mockgpu-controller";
-/// A namespace the agent does not trust (the controller deletes slurmd pods there).
-const GPU_NS: &str = "gpu-jobs";
 /// The test bed's field manager for what it applies in the agent's stead or as the admin.
 const TB_MANAGER: &str = "mgtb";
 /// The labels the controller sets (and removes).

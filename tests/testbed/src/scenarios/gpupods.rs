@@ -14,14 +14,11 @@ use serde_json::json;
 
 use crate::bed::{Bed, Ctr, wait_for};
 use crate::cluster::{
-    DP_NS, NODE, RES, allocatable, client, default_account, kubectl_exec, node_condition, sleeper,
-    wait_object,
+    DP_NS, GPU_NS, NODE, RES, allocatable, client, default_account, kubectl_exec, node_condition,
+    sleeper, wait_object,
 };
 use crate::node::{ALL_MINORS, assert_injected, assert_untouched, gpu_uuids};
 use crate::slurm::{Gres, write_conf};
-
-/// A namespace the agent does not trust (`--trusted-namespaces default`).
-const GPU_NS: &str = "gpu-jobs";
 
 /// The kubelet serves its device-plugin registration socket.
 pub async fn device_plugin_socket(bed: &Bed) -> Result<()> {
