@@ -111,7 +111,7 @@ impl Bed {
             .innode(args)?
             .output()
             .with_context(|| format!("nsenter {args:?}"))?;
-        checked(args, out)
+        stdout_of(&format!("{args:?} in the node"), out)
     }
 
     /// Starts a daemon inside the node, in a session of its own, its output appended to
@@ -137,15 +137,21 @@ impl Bed {
             .stderr(out)
             .spawn()
             .with_context(|| format!("spawn {kind}: {args:?}"))?;
-        let pid = child.id();
         // (setsid and nsenter exec what follows: the PID is the daemon's)
+        let pid = child.id();
+        self.track(kind, pid)?;
+        Ok(pid)
+    }
+
+    /// Keeps a daemon the test bed started in the PID list under `kind`, with its start time.
+    pub fn track(&self, kind: &str, pid: u32) -> Result<()> {
         let start = start_time(pid).with_context(|| format!("{kind} (pid {pid}) ended at once"))?;
         let mut list = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
             .open(&self.pids)?;
         std::io::Write::write_all(&mut list, format!("{kind} {pid} {start}\n").as_bytes())?;
-        Ok(pid)
+        Ok(())
     }
 
     /// Sends `signal` to the test bed's processes of `kinds` (those still the processes it
@@ -330,10 +336,12 @@ pub async fn exec_ok(cri: &mut Cri, ctr: &Ctr, cmd: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn checked(args: &[&str], out: Output) -> Result<String> {
+/// A finished command's standard output, or an error naming `what` with its status and standard
+/// error.
+pub fn stdout_of(what: &str, out: Output) -> Result<String> {
     if !out.status.success() {
         bail!(
-            "{args:?} in the node: {}: {}",
+            "{what}: {}: {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );

@@ -172,6 +172,12 @@ pub(crate) fn kubectl(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A pod of the slurmd image given `gpus` GPUs by the device plugin (`limits: nvidia.com/gpu`).
+pub(crate) fn gpu_pod(name: &str, namespace: &str, gpus: u32) -> Result<Pod> {
+    let limits = json!({"resources": {"limits": {RES: gpus.to_string()}}});
+    sleeper(name, namespace, "localhost/slurmd:1", limits)
+}
+
 /// `kubectl exec` through the API server, the kubelet and the runtime: output and exit code.
 pub(crate) fn kubectl_exec(namespace: &str, pod: &str, cmd: &[&str]) -> Result<(String, i32)> {
     let mut c = kubectl_command(&["-n", namespace, "exec", pod, "--"])?;
@@ -300,12 +306,7 @@ pub async fn dp_registered(bed: &Bed) -> Result<()> {
 pub async fn dp_pod_5_pending(_bed: &Bed) -> Result<()> {
     let client = client().await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), DP_NS);
-    let pod = sleeper(
-        "gpu-5",
-        DP_NS,
-        "localhost/slurmd:1",
-        json!({"resources": {"limits": {RES: "5"}}}),
-    )?;
+    let pod = gpu_pod("gpu-5", DP_NS, 5)?;
     pods.create(&PostParams::default(), &pod).await?;
     let unschedulable = |p: Option<&Pod>| {
         p.and_then(|p| p.status.as_ref())

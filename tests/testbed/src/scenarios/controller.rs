@@ -102,12 +102,7 @@ fn ctl_start(bed: &Bed, id: &str) -> Result<()> {
         .spawn()
         .with_context(|| format!("spawn {kind}: {bin}"))?;
     // (setsid execs the controller: the PID is the replica's)
-    let pid = child.id();
-    let start = start_time(pid).with_context(|| format!("{kind} (pid {pid}) ended at once"))?;
-    let pids = std::path::PathBuf::from(env("TB")?).join("pids.txt");
-    let mut list = OpenOptions::new().append(true).create(true).open(&pids)?;
-    std::io::Write::write_all(&mut list, format!("{kind} {pid} {start}\n").as_bytes())?;
-    Ok(())
+    bed.track(&kind, child.id())
 }
 
 /// An HTTP/1.0 GET of a replica's endpoint: its body when the status is 200.

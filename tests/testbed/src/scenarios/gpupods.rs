@@ -14,8 +14,8 @@ use serde_json::json;
 
 use crate::bed::{Bed, Ctr, wait_for};
 use crate::cluster::{
-    DP_NS, GPU_NS, NODE, RES, allocatable, client, default_account, kubectl_exec, node_condition,
-    sleeper, wait_object,
+    DP_NS, GPU_NS, NODE, RES, allocatable, client, default_account, gpu_pod, kubectl_exec,
+    node_condition, sleeper, wait_object,
 };
 use crate::node::{ALL_MINORS, assert_injected, assert_untouched, gpu_uuids};
 use crate::slurm::{Gres, write_conf};
@@ -153,12 +153,7 @@ pub async fn dp_pod_2_gpus(bed: &Bed) -> Result<()> {
     let client = client().await?;
     create_namespace(&client, DP_NS).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), DP_NS);
-    let pod = sleeper(
-        "gpu-2",
-        DP_NS,
-        "localhost/slurmd:1",
-        json!({"resources": {"limits": {RES: "2"}}}),
-    )?;
+    let pod = gpu_pod("gpu-2", DP_NS, 2)?;
     pods.create(&PostParams::default(), &pod).await?;
     let t = Instant::now();
     let pod = wait_object(&pods, "gpu-2", 120, "gpu-2 to be ready", pod_ready()).await?;
@@ -287,12 +282,7 @@ pub async fn dp_kubelet_restart(bed: &Bed) -> Result<()> {
     let ns = format!("{DP_NS}-restart");
     create_namespace(&client, &ns).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let pod = sleeper(
-        "gpu-1",
-        &ns,
-        "localhost/slurmd:1",
-        json!({"resources": {"limits": {RES: "1"}}}),
-    )?;
+    let pod = gpu_pod("gpu-1", &ns, 1)?;
     pods.create(&PostParams::default(), &pod).await?;
     let t = Instant::now();
     wait_object(

@@ -9,13 +9,13 @@ use std::path::PathBuf;
 use std::process::{Child, Output, Stdio};
 use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
 use mockgpu_testbed::client::Cri;
 use mockgpu_testbed::spec::{self, ContainerSpec, PodSpec};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::bed::{Bed, Ctr, exec_ok, tail, wait_for};
+use crate::bed::{Bed, Ctr, exec_ok, stdout_of, tail, wait_for};
 use crate::node::{ALL_MINORS, SLURMD_POD, assert_injected, gpu_uuids, ms};
 
 /// The Slurm node name, also the agent's node name (`testbed.sh`'s `NODE`).
@@ -278,15 +278,7 @@ fn srun(bed: &Bed, args: &[&str]) -> Result<Output> {
 
 /// `srun ARGS`' standard output, or an error with its status and standard error.
 pub(crate) fn srun_ok(bed: &Bed, args: &[&str]) -> Result<String> {
-    let out = srun(bed, args)?;
-    if !out.status.success() {
-        bail!(
-            "srun {args:?}: {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    stdout_of(&format!("srun {args:?}"), srun(bed, args)?)
 }
 
 /// The `CUDA_VISIBLE_DEVICES=` lines of `srun ARGS env`.
