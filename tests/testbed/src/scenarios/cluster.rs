@@ -172,6 +172,29 @@ pub(crate) fn kubectl(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Helm against the test bed's API server, with its state (cache, config, data) under the test
+/// bed's state directory; its output, or an error with its standard error.
+#[allow(dead_code)] // the chart scenarios' (being ported from cluster.sh)
+pub(crate) fn helm(bed: &Bed, args: &[&str]) -> Result<String> {
+    let helm = std::env::var("HELM").context("$HELM")?;
+    let kcfg = std::env::var("KUBECONFIG").context("$KUBECONFIG")?;
+    let home = bed.state.join("helm");
+    let out = std::process::Command::new(&helm)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .args(["--kubeconfig", &kcfg])
+        .args(args)
+        .output()
+        .with_context(|| helm.clone())?;
+    ensure!(
+        out.status.success(),
+        "helm {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// A pod of the slurmd image given `gpus` GPUs by the device plugin (`limits: nvidia.com/gpu`).
 pub(crate) fn gpu_pod(name: &str, namespace: &str, gpus: u32) -> Result<Pod> {
     let limits = json!({"resources": {"limits": {RES: gpus.to_string()}}});
