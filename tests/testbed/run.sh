@@ -12,7 +12,7 @@ T0=$(date +%s)
 # host tools (Debian packages): rootfs bootstrap, FUSE, protoc for the CRI bindings
 # (cluster mode: openssl for the PKI, curl for etcd's health)
 # shellcheck disable=SC2046 # an optional word
-bash "$REPO/tests/apt-ensure.sh" debootstrap fuse3 protobuf-compiler util-linux mount $([ "${CLUSTER:-0}" = 1 ] && echo openssl curl python3-yaml)
+bash "$REPO/tests/apt-ensure.sh" debootstrap fuse3 protobuf-compiler util-linux mount $([ "${CLUSTER:-0}" = 1 ] && echo openssl curl)
 
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 PROFILE=${TESTBED_PROFILE:-release}

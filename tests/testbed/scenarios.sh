@@ -19,54 +19,13 @@ rust_scenario() {
     MGTB_CGROUP_PARENT="$CGROUP_PARENT" AGENT_ARGS="$AGENT_ARGS" LAT_N="$LAT_N" \
     AGENT_RESTART_PAUSE="$AGENT_RESTART_PAUSE" LAT_MAX_RATIO="${LAT_MAX_RATIO:-}" \
     KUBECONFIG="${KCFG:-}" KUBECTL="${KUBECTL:-}" K8S_VERSION="${K8S_VERSION:-}" \
-    CONTROLLER_BIN="$CONTROLLER_BIN" HELM="${HELM:-}" REPO="$REPO" \
+    CONTROLLER_BIN="$CONTROLLER_BIN" HELM="${HELM:-}" REPO="$REPO" SLURM_UID="$SLURM_UID" \
     "$SCENARIOS_BIN" --exact "$1" 9>&-
 }
 smoke_pod() { rust_scenario smoke-pod; }
 smoke_slurm() { rust_scenario smoke-slurm; }
 scenario_latency() { rust_scenario nri-latency; }
 isolation() { rust_scenario isolation; }
-
-# ---------------------------------------------------------------------------------------------
-# the node's CPU layout, read from its sysfs, and what Slurm should make of the agent's GPUs
-# (cluster mode's Slinky scenario; src/scenarios/slurm.rs has the node scenarios' own)
-
-MOCK=/run/mockgpu/fs                 # the agent's tree, as the node sees it
-cpus_of() { tr ',' '\n' | awk -F- 'NF {b = (NF > 1) ? $2 : $1; for (i = $1; i <= b; i++) print i}'; }  # cpus_of < "0-2,8": one id a line
-canon() { cpus_of | sort -n | paste -sd, -; }            # canon < "0-2,8": "0,1,2,8"
-ranges() { sort -n | awk 'NR == 1 {s = p = $1; next} $1 == p + 1 {p = $1; next}
-  {o = o sep (s == p ? s : s "-" p); sep = ","; s = p = $1} END {if (NR) print o sep (s == p ? s : s "-" p)}'; }  # ranges < ids: "0-2,8"
-
-node_sockets() {  # node_sockets > file: "<rank> <canonical cpu list>" per socket (physical_package_id), in Slurm's order
-  local online; online=$(innode cat /sys/devices/system/cpu/online)
-  # shellcheck disable=SC2016,SC2046 # $c is expanded by the inner sh; the CPU ids are words
-  innode sh -c 'for c; do echo "$(cat "/sys/devices/system/cpu/cpu$c/topology/physical_package_id" 2>/dev/null || echo 0) $c"; done' \
-    sh $(cpus_of <<< "$online") | sort -k1,1n -k2,2n \
-    | awk 'BEGIN {r = 0} NR > 1 && $1 != p {print r++, l; l = ""} {l = (l == "" ? "" : l ",") $2; p = $1} END {if (NR) print r, l}'
-}
-
-gpus_by_minor() {  # "<minor> <bus id>" of every GPU the agent serves
-  innode sh -c "grep -H '^Device Minor:' $MOCK/proc/driver/nvidia/gpus/*/information" \
-    | sed -E 's#^.*/gpus/([^/]+)/information:Device Minor:[[:space:]]*([0-9]+)$#\2 \1#' | sort -n
-}
-
-gpu_socket() {  # gpu_socket <bus id>: rank of the socket whose CPUs are exactly the GPU's local_cpulist
-  # (node_sockets in $ST/sockets), or "all"; anything else is what slurmctld rejects
-  local cpus r l; cpus=$(innode cat "$MOCK/sys/bus/pci/drivers/nvidia/$1/local_cpulist" | canon)
-  while read -r r l; do [ "$l" = "$cpus" ] && { echo "$r"; return 0; }; done < "$ST/sockets"
-  [ "$cpus" = "$(awk '{print $2}' "$ST/sockets" | paste -sd, - | canon)" ] && { echo all; return 0; }
-  fail "GPU $1: local_cpulist ($cpus) is neither one whole socket nor all CPUs of the node"
-}
-
-gres_sockets() {  # the (S:...) sinfo shows for the served GPUs (exits on a GPU that is not on one socket)
-  local m b s ranks=""; node_sockets > "$ST/sockets" || exit 1
-  while read -r m b; do
-    s=$(gpu_socket "$b") || exit 1
-    [ "$s" != all ] || s=$(cut -d' ' -f1 "$ST/sockets")
-    ranks="$ranks $s"
-  done < <(gpus_by_minor)
-  tr ' ' '\n' <<< "$ranks" | grep . | sort -un | ranges
-}
 
 # ---------------------------------------------------------------------------------------------
 # mockgpu
@@ -124,6 +83,3 @@ run_scenarios() {
   sstep constrain-devices rust_scenario constrain-devices
 }
 
-# opening each /dev/nvidia<m> read-write in a job: "<m> ok" or "<m> <the shell's error>" (cluster
-# mode's Slinky scenario; constrain-devices has the same in slurm.rs)
-OPEN_GPUS='for m in 0 1 2 3; do if e=$( (exec 3<> /dev/nvidia$m) 2>&1); then echo "$m ok"; else echo "$m ${e##*: }"; fi; done'

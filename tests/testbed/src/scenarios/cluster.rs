@@ -3,15 +3,15 @@
 //! binary runs in the node's network namespace, where the API server listens.
 
 use std::collections::BTreeMap;
-use std::fmt::Debug;
+use std::fmt::{Debug, Write as _};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{DeleteParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{Condition, await_condition, conditions};
 use kube::{Api, Client, Config, Resource};
 use serde::de::DeserializeOwned;
@@ -172,17 +172,23 @@ pub(crate) fn kubectl(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Helm's state (cache, config, data) under the test bed's state directory.
+fn helm_state(bed: &Bed, c: &mut std::process::Command) {
+    let home = bed.state.join("helm");
+    c.env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+}
+
 /// Helm against the test bed's API server, with its state (cache, config, data) under the test
 /// bed's state directory; its output, or an error with its standard error.
 #[allow(dead_code)] // the chart scenarios' (being ported from cluster.sh)
 pub(crate) fn helm(bed: &Bed, args: &[&str]) -> Result<String> {
     let helm = std::env::var("HELM").context("$HELM")?;
     let kcfg = std::env::var("KUBECONFIG").context("$KUBECONFIG")?;
-    let home = bed.state.join("helm");
-    let out = std::process::Command::new(&helm)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
+    let mut c = std::process::Command::new(&helm);
+    helm_state(bed, &mut c);
+    let out = c
         .args(["--kubeconfig", &kcfg])
         .args(args)
         .output()
@@ -193,6 +199,58 @@ pub(crate) fn helm(bed: &Bed, args: &[&str]) -> Result<String> {
         String::from_utf8_lossy(&out.stderr).trim()
     );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The README's first line that starts with `prefix`: the test bed runs the guide's commands as
+/// the README writes them.
+pub(crate) fn readme_line(prefix: &str) -> Result<String> {
+    let repo = std::env::var("REPO").context("$REPO")?;
+    let path = std::path::Path::new(&repo).join("README.md");
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .map(str::to_owned)
+        .with_context(|| format!("README.md has no command line starting with {prefix:?}"))
+}
+
+/// The README's command line that starts with `prefix`, with `extra` arguments, as a shell runs
+/// it from the repository root (its quoting, its `$(...)`), `helm` and `kubectl` being the test
+/// bed's (its API server, helm's state under the state directory): its standard output (and
+/// standard error), or an error with both.
+pub(crate) fn guide(bed: &Bed, prefix: &str, extra: &[&str]) -> Result<String> {
+    let line = readme_line(prefix)?;
+    let first = line.split_whitespace().next().unwrap_or_default();
+    ensure!(
+        matches!(first, "helm" | "kubectl"),
+        "README.md: {first:?} is not a command the test bed runs ({line})"
+    );
+    for v in ["HELM", "KUBECTL", "KUBECONFIG"] {
+        std::env::var(v).with_context(|| format!("${v}"))?;
+    }
+    let script = r#"helm() { "$HELM" --kubeconfig "$KUBECONFIG" "$@"; }
+kubectl() { "$KUBECTL" --kubeconfig "$KUBECONFIG" --request-timeout=30s "$@"; }
+eval "$MGTB_LINE"' "$@"'"#;
+    let mut c = std::process::Command::new("bash");
+    helm_state(bed, &mut c);
+    let out = c
+        .current_dir(std::env::var("REPO").context("$REPO")?)
+        .env("MGTB_LINE", &line)
+        .args(["-euo", "pipefail", "-c", script, "bash"])
+        .args(extra)
+        .output()
+        .context("bash")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        out.status.success(),
+        "the README's `{line}` {extra:?}: {}:\n{}",
+        out.status,
+        text.trim_end()
+    );
+    Ok(text)
 }
 
 /// A pod of the slurmd image given `gpus` GPUs by the device plugin (`limits: nvidia.com/gpu`).
@@ -209,6 +267,207 @@ pub(crate) fn kubectl_exec(namespace: &str, pod: &str, cmd: &[&str]) -> Result<(
         String::from_utf8_lossy(&out.stdout).into_owned(),
         out.status.code().unwrap_or(-1),
     ))
+}
+
+/// All of the pod's containers are ready.
+pub(crate) fn pod_ready() -> impl Condition<Pod> {
+    |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    }
+}
+
+/// Creates a namespace and waits for its default service account.
+pub(crate) async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    let ns: Namespace = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+    )?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    default_account(client, name).await
+}
+
+/// A label of a node (empty when it has none).
+pub(crate) fn label(n: Option<&Node>, key: &str) -> String {
+    n.and_then(|n| n.metadata.labels.as_ref())
+        .and_then(|l| l.get(key))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Deletes a namespace (if there is one) and waits up to `secs` for it to be gone.
+pub(crate) async fn delete_namespace(client: &Client, name: &str, secs: u64) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let Some(ns) = namespaces.get_opt(name).await? else {
+        return Ok(());
+    };
+    let uid = ns.metadata.uid.unwrap_or_default();
+    match namespaces.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("deleting namespace {name}")),
+    }
+    // (wait_object takes the object's going for a failure; here it is the point)
+    let gone = await_condition(namespaces.clone(), name, conditions::is_deleted(&uid));
+    match tokio::time::timeout(Duration::from_secs(secs), gone).await {
+        Ok(r) => r
+            .map(drop)
+            .with_context(|| format!("watching namespace {name} go")),
+        Err(_) => {
+            let status = namespaces
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|n| n.status)
+                .and_then(|s| serde_json::to_string(&s).ok())
+                .unwrap_or_default();
+            bail!(
+                "timed out after {secs} s waiting for namespace {name} to be deleted; its status: {status}"
+            )
+        }
+    }
+}
+
+/// Applies `obj` server-side as the test bed (field manager `mgtb`, forced).
+pub(crate) async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K>
+where
+    K: Clone + Debug + DeserializeOwned + Resource + serde::Serialize,
+    K::DynamicType: Default,
+{
+    let name = obj
+        .meta()
+        .name
+        .clone()
+        .context("an object without a name")?;
+    api.patch(
+        &name,
+        &PatchParams::apply("mgtb").force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .with_context(|| format!("applying {} {name}", K::kind(&Default::default())))
+}
+
+/// Whether a DaemonSet is rolled out (`kubectl rollout status`): its generation observed, every
+/// scheduled pod updated and ready, and at least one.
+pub(crate) fn daemonset_rolled_out(d: Option<&DaemonSet>) -> bool {
+    let Some(d) = d else { return false };
+    let generation = d.metadata.generation.unwrap_or_default();
+    d.status.as_ref().is_some_and(|s| {
+        s.observed_generation.unwrap_or_default() >= generation
+            && s.desired_number_scheduled > 0
+            && s.updated_number_scheduled.unwrap_or_default() == s.desired_number_scheduled
+            && s.number_ready == s.desired_number_scheduled
+    })
+}
+
+/// What explains a pod's trouble, for a failure: per pod of `namespace` matching `selector` (all
+/// when empty), its phase and the conditions not True, its events, and the last `n` log lines of
+/// each container (and of its previous run, after a restart).
+pub(crate) async fn pods_report(
+    client: &Client,
+    namespace: &str,
+    selector: &str,
+    n: i64,
+) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let list = match pods.list(&ListParams::default().labels(selector)).await {
+        Ok(l) => l.items,
+        Err(e) => return format!("--- pods of {namespace}: {e}\n"),
+    };
+    let mut out = format!("--- pods of {namespace} ({selector:?}): {}\n", list.len());
+    for p in list {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let status = p.status.clone().unwrap_or_default();
+        let conds: Vec<String> = status
+            .conditions
+            .iter()
+            .flatten()
+            .filter(|c| c.status != "True")
+            .map(|c| {
+                format!(
+                    "{}={} {}",
+                    c.type_,
+                    c.status,
+                    c.message.as_deref().unwrap_or_default()
+                )
+            })
+            .collect();
+        writeln!(
+            out,
+            "--- pod {name}: {} on {} ip {}; {}",
+            status.phase.as_deref().unwrap_or("?"),
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .unwrap_or("-"),
+            status.pod_ip.as_deref().unwrap_or("-"),
+            conds.join("; ")
+        )
+        .ok();
+        let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
+        for e in events.list(&lp).await.map(|l| l.items).unwrap_or_default() {
+            writeln!(
+                out,
+                "  event {} {}: {}",
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+            .ok();
+        }
+        let spec = p.spec.unwrap_or_default();
+        let names = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(spec.containers.iter())
+            .map(|c| c.name.clone());
+        for c in names {
+            for previous in [false, true] {
+                let lp = LogParams {
+                    container: Some(c.clone()),
+                    tail_lines: Some(n),
+                    previous,
+                    ..LogParams::default()
+                };
+                match pods.logs(&name, &lp).await {
+                    Ok(l) if !l.is_empty() => {
+                        let when = if previous {
+                            " (before its restart)"
+                        } else {
+                            ""
+                        };
+                        for line in l.lines() {
+                            writeln!(out, "  {name}/{c}{when}: {line}").ok();
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) if !previous => writeln!(out, "  {name}/{c}: no log: {e}").unwrap_or(()),
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The API server as a service account with `token` (the admin kubeconfig's server and CA).
+pub(crate) async fn token_client(token: &str) -> Result<Client> {
+    let path = std::env::var("KUBECONFIG").context("$KUBECONFIG is not set (cluster mode only)")?;
+    let kc = Kubeconfig::read_from(&path).with_context(|| path.clone())?;
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .with_context(|| path.clone())?;
+    config.auth_info = AuthInfo {
+        token: Some(token.to_owned().into()),
+        ..AuthInfo::default()
+    };
+    Ok(Client::try_from(config)?)
 }
 
 /// Waits for a namespace's default service account (pods cannot be created before it).
@@ -252,17 +511,12 @@ pub async fn pod_daemonset_exec(bed: &Bed) -> Result<()> {
     )
     .await?;
     bed.timing("pod-ready", &format!("{} ms", t.elapsed().as_millis()));
-    let rolled_out = |d: Option<&DaemonSet>| {
-        d.and_then(|d| d.status.as_ref()).is_some_and(|s| {
-            s.desired_number_scheduled > 0 && s.number_ready == s.desired_number_scheduled
-        })
-    };
     wait_object(
         &sets,
         "hostds",
         120,
         "the DaemonSet's pods to be ready",
-        rolled_out,
+        daemonset_rolled_out,
     )
     .await?;
     let ip = ready.status.and_then(|s| s.pod_ip).unwrap_or_default();

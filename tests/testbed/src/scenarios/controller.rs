@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::bed::{Bed, start_time, wait_for};
-use crate::cluster::{GPU_NS, NODE, client, wait_object};
+use crate::cluster::{GPU_NS, NODE, client, label, wait_object};
 
 /// The controller's namespace (its service account, the lease).
 const CTL_NS: &str = "mockgpu-system";
@@ -169,14 +169,6 @@ async fn wait_holder_in(client: &Client, secs: u64, ids: &[&str], what: &str) ->
     })
     .await?;
     Ok(holder(Some(&lease)).to_owned())
-}
-
-/// A label of a node (empty when it has none).
-fn label(n: Option<&Node>, key: &str) -> String {
-    n.and_then(|n| n.metadata.labels.as_ref())
-        .and_then(|l| l.get(key))
-        .cloned()
-        .unwrap_or_default()
 }
 
 /// A label of our Node, now.

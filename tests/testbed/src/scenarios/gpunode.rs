@@ -18,7 +18,7 @@ use crate::node::write_profile;
 const AGENT_KUBECONFIG: &str = "/etc/kubernetes/mockgpu-agent.kubeconfig";
 
 /// Whether the GpuNode's `Ready` condition is True.
-fn ready(g: Option<&GpuNode>) -> bool {
+pub(crate) fn ready(g: Option<&GpuNode>) -> bool {
     g.and_then(|g| g.status.as_ref()).is_some_and(|s| {
         s.conditions
             .iter()

@@ -6,16 +6,15 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::wait::Condition;
-use kube::{Api, Client};
 use mockgpu_testbed::client::Cri;
 use serde_json::json;
 
 use crate::bed::{Bed, Ctr, wait_for};
 use crate::cluster::{
-    DP_NS, GPU_NS, NODE, RES, allocatable, client, default_account, gpu_pod, kubectl_exec,
-    node_condition, sleeper, wait_object,
+    DP_NS, GPU_NS, NODE, RES, allocatable, client, create_namespace, gpu_pod, kubectl_exec,
+    node_condition, pod_ready, sleeper, wait_object,
 };
 use crate::node::{ALL_MINORS, assert_injected, assert_untouched, gpu_uuids};
 use crate::slurm::{Gres, write_conf};
@@ -36,15 +35,6 @@ pub async fn device_plugin_socket(bed: &Bed) -> Result<()> {
         s.display()
     );
     Ok(())
-}
-
-/// All of the pod's containers are ready.
-fn pod_ready() -> impl Condition<Pod> {
-    |p: Option<&Pod>| {
-        p.and_then(|p| p.status.as_ref())
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-    }
 }
 
 /// The pod's (first) container, as the runtime knows it.
@@ -69,16 +59,6 @@ async fn pod_container(cri: &mut Cri, pod: &Pod) -> Result<Ctr> {
         create: Default::default(),
         start: Default::default(),
     })
-}
-
-async fn create_namespace(client: &Client, name: &str) -> Result<()> {
-    let ns: Namespace = serde_json::from_value(
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
-    )?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
-    default_account(client, name).await
 }
 
 /// kubelet → containerd → NRI: a privileged pod holding `/dev/nvidia0-3` is injected; a pod that

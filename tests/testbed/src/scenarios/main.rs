@@ -7,11 +7,13 @@
 
 mod agent;
 mod bed;
+mod chart;
 mod cluster;
 mod controller;
 mod gpunode;
 mod gpupods;
 mod node;
+mod slinky;
 mod slurm;
 
 use std::process::ExitCode;
@@ -59,6 +61,10 @@ const SCENARIOS: &[&str] = &[
     "controller-failover",
     "controller-apiserver-restart",
     "controller-gpunode-deleted",
+    "slinky-slurm",
+    "chart-install",
+    "chart-slinky-remediation",
+    "chart-uninstall",
 ];
 
 async fn scenario(name: &str, bed: &Bed) -> Result<()> {
@@ -98,6 +104,10 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "controller-failover" => controller::controller_failover(bed).await,
         "controller-apiserver-restart" => controller::controller_apiserver_restart(bed).await,
         "controller-gpunode-deleted" => controller::controller_gpunode_deleted(bed).await,
+        "slinky-slurm" => slinky::slinky_slurm(bed).await,
+        "chart-install" => chart::chart_install(bed).await,
+        "chart-slinky-remediation" => chart::chart_slinky_remediation(bed).await,
+        "chart-uninstall" => chart::chart_uninstall(bed).await,
         _ => bail!("no scenario {name}"),
     }
 }

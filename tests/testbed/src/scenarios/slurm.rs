@@ -42,7 +42,7 @@ const JWT: &str = "/run/mgtb-jwt";
 const JWT_FORGED: &str = "/run/mgtb-jwt-forged";
 
 /// Opening each `/dev/nvidia<m>` read-write in a job: `<m> ok` or `<m> <the shell's error>`.
-const OPEN_GPUS: &str = r#"for m in 0 1 2 3; do if e=$( (exec 3<> /dev/nvidia$m) 2>&1); then echo "$m ok"; else echo "$m ${e##*: }"; fi; done"#;
+pub(crate) const OPEN_GPUS: &str = r#"for m in 0 1 2 3; do if e=$( (exec 3<> /dev/nvidia$m) 2>&1); then echo "$m ok"; else echo "$m ${e##*: }"; fi; done"#;
 
 // ---------------------------------------------------------------------------------------------
 // Slurm's configuration and daemons
@@ -491,7 +491,7 @@ fn gpu_socket(bed: &Bed, sockets: &[(u32, String)], bus: &str) -> Result<Socket>
 }
 
 /// The `(S:...)` sinfo shows for the served GPUs.
-fn gres_sockets(bed: &Bed) -> Result<String> {
+pub(crate) fn gres_sockets(bed: &Bed) -> Result<String> {
     let sockets = node_sockets(bed)?;
     let mut ranks = Vec::new();
     for (_, bus) in gpus_by_minor(bed)? {
@@ -522,7 +522,7 @@ fn slurm_cores(c_line: &str, socket: Socket) -> Result<String> {
 
 /// Whether a text is a PCI bus id as the driver's `gpus` directory names them
 /// (`[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}.[0-9a-f]`).
-fn is_bus_id(s: &str) -> bool {
+pub(crate) fn is_bus_id(s: &str) -> bool {
     let hex = |p: &str, lo: usize, hi: usize| {
         (lo..=hi).contains(&p.len()) && p.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
     };
@@ -1143,7 +1143,7 @@ pub async fn slurmrestd_delete_node(bed: &Bed) -> Result<()> {
 }
 
 /// The `GPU-…` UUIDs in a text, in order.
-fn uuids_in(text: &str) -> Vec<String> {
+pub(crate) fn uuids_in(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = text;
     while let Some(i) = rest.find("GPU-") {

@@ -1,0 +1,775 @@
+//! The chart as a user installs it (the README's commands, taken from README.md), with the test
+//! bed's images, in place of the host agent: `chart-install` (the agent's GpuNode, the
+//! controller's labels, a GPU pod, `helm test`, the admission policy with real service-account
+//! tokens), `chart-slinky-remediation` (Slinky on the chart's agent and controller, then the
+//! README's profile change by `helm upgrade` with remediation on), `chart-uninstall` (nothing
+//! left behind).
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use mockgpu_api::GpuNode;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+use crate::bed::{Bed, mounts, wait_for};
+use crate::cluster::{
+    NODE, RES, allocatable, apply, client, create_namespace, daemonset_rolled_out,
+    delete_namespace, gpu_pod, guide, kubectl, kubectl_exec, label, pod_ready, pods_report,
+    token_client, wait_object,
+};
+use crate::controller::gpunode;
+use crate::gpunode::ready;
+use crate::node::ms;
+use crate::slinky::{self, PCI_LABEL, RESTAPI_PORT, srun, srun_cuda_visible};
+use crate::slurm::{gres_sockets, uuids_in};
+
+/// The chart's namespace (the README's `--namespace`).
+const CHART_NS: &str = "mockgpu-system";
+/// The chart's agent DaemonSet (release mockgpu, profile `default`).
+const AGENT_DS: &str = "mockgpu-agent-default";
+/// The agent's service account.
+const AGENT_SA: &str = "mockgpu-agent";
+/// What the test bed adds to the README's install: its own images, and the API server on the
+/// node's loopback (there is no kube-proxy to answer the `kubernetes` service's address).
+const TB_VALUES: [&str; 32] = [
+    "--set",
+    "agent.image.repository=localhost/mockgpu-agent",
+    "--set-string",
+    "agent.image.tag=1",
+    "--set",
+    "agent.image.pullPolicy=Never",
+    "--set",
+    "controller.image.repository=localhost/mockgpu-controller",
+    "--set-string",
+    "controller.image.tag=1",
+    "--set",
+    "controller.image.pullPolicy=Never",
+    "--set",
+    "controller.hostNetwork=true",
+    "--set",
+    "controller.replicas=1",
+    "--set",
+    "agent.extraEnv[0].name=KUBERNETES_SERVICE_HOST",
+    "--set-string",
+    "agent.extraEnv[0].value=127.0.0.1",
+    "--set",
+    "agent.extraEnv[1].name=KUBERNETES_SERVICE_PORT",
+    "--set-string",
+    "agent.extraEnv[1].value=6443",
+    "--set",
+    "controller.extraEnv[0].name=KUBERNETES_SERVICE_HOST",
+    "--set-string",
+    "controller.extraEnv[0].value=127.0.0.1",
+    "--set",
+    "controller.extraEnv[1].name=KUBERNETES_SERVICE_PORT",
+    "--set-string",
+    "controller.extraEnv[1].value=6443",
+];
+/// The labels the chart's controller sets (and `helm uninstall` removes).
+const CHART_LABELS: [&str; 5] = [
+    "mockgpu.io/profile",
+    "nvidia.com/gpu.present",
+    "nvidia.com/gpu.count",
+    "nvidia.com/gpu.product",
+    PCI_LABEL,
+];
+/// A Node object with no kubelet behind it (the admission policy's other node).
+const VAP_NODE: &str = "mgtb-elsewhere";
+/// A pod of the agent's service account there (it never runs).
+const VAP_POD: &str = "agent-token-probe";
+/// The chart's admission policy.
+const VAP: &str = "mockgpu-agent-own-gpunode";
+
+/// What helps when a rollout of the chart fails: its pods, their events and logs.
+async fn chart_logs(client: &Client) -> String {
+    pods_report(client, CHART_NS, "", 25).await
+}
+
+/// The mount points of mockgpu's FUSE mounts in the node.
+fn mockgpu_mounts(bed: &Bed) -> Result<Vec<String>> {
+    let path = format!("/proc/{}/mountinfo", bed.node_pid()?);
+    let text = std::fs::read_to_string(&path).with_context(|| path.clone())?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mut r = right.split(' ');
+            let (fstype, source) = (r.next()?, r.next()?);
+            (fstype.starts_with("fuse") && source == "mockgpu")
+                .then(|| left.split(' ').nth(4).unwrap_or_default().to_owned())
+        })
+        .collect())
+}
+
+/// The PIDs of the keepers the host agent started (`<exe> keeper --dir /run/mockgpu`).
+fn host_keepers() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect();
+        args.windows(3)
+            .any(|w| w[0] == "keeper" && w[1] == "--dir" && w[2] == "/run/mockgpu")
+            .then_some(pid)
+    })
+    .collect()
+}
+
+/// A JWT's claims (its payload).
+fn jwt_claims(token: &str) -> Result<Value> {
+    use base64::Engine as _;
+    let payload = token.split('.').nth(1).context("not a JWT")?;
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .context("the JWT's payload is not base64url")?;
+    serde_json::from_slice(&raw).context("the JWT's payload is not JSON")
+}
+
+/// The node a token is bound to (its `kubernetes.io` claim), or what the claim holds.
+fn token_node(token: &str) -> Result<String> {
+    let claims = jwt_claims(token)?;
+    claims
+        .pointer("/kubernetes.io/node/name")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow!("no node claim: {}", claims["kubernetes.io"]))
+}
+
+/// A token of the agent's service account, bound to `pod` (with its uid) or to nothing.
+async fn agent_token(client: &Client, pod: Option<(&str, &str)>) -> Result<String> {
+    let mut spec = json!({"audiences": [], "expirationSeconds": 600});
+    if let Some((name, uid)) = pod {
+        spec["boundObjectRef"] =
+            json!({"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid});
+    }
+    let request: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec
+    }))?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), CHART_NS);
+    Ok(accounts
+        .create_token_request(AGENT_SA, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("a token of {AGENT_SA} bound to {pod:?}"))?
+        .status
+        .context("the TokenRequest has no status")?
+        .token)
+}
+
+/// A server-side dry run of GpuNode `name`'s apply as the agent, with `token`.
+async fn vap_try(token: &str, name: &str) -> Result<(), kube::Error> {
+    let gpunodes: Api<GpuNode> = Api::all(
+        token_client(token)
+            .await
+            .map_err(|e| kube::Error::Service(e.into()))?,
+    );
+    let pp = PatchParams::apply(mockgpu_api::gpunode::AGENT_MANAGER).dry_run();
+    let g = gpunode(name, "gb300", 4, "gb300");
+    gpunodes.patch(name, &pp, &Patch::Apply(&g)).await.map(drop)
+}
+
+async fn vap_allows(what: &str, token: &str, name: &str) -> Result<()> {
+    vap_try(token, name)
+        .await
+        .with_context(|| format!("{what}: writing GpuNode {name} was refused"))?;
+    println!("  {what}, GpuNode {name}: allowed (server dry run)");
+    Ok(())
+}
+
+async fn vap_denies(what: &str, token: &str, name: &str, says: &str) -> Result<()> {
+    let e = match vap_try(token, name).await {
+        Ok(()) => bail!("{what}: writing GpuNode {name} was allowed"),
+        Err(e) => e.to_string(),
+    };
+    ensure!(
+        e.contains(&format!("ValidatingAdmissionPolicy '{VAP}'")),
+        "{what}, GpuNode {name}: not refused by the policy {VAP}: {e}"
+    );
+    ensure!(
+        e.contains(says),
+        "{what}, GpuNode {name}: the refusal does not say {says:?}: {e}"
+    );
+    println!("  {what}, GpuNode {name}: denied ({says})");
+    Ok(())
+}
+
+/// The probe pod and its Node gone (the agent's DaemonSet tolerates every taint, so it placed a
+/// pod there too, never started).
+async fn vap_down(client: &Client) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), CHART_NS);
+    let lp = ListParams::default().fields(&format!("spec.nodeName={VAP_NODE}"));
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    for p in pods.list(&lp).await?.items {
+        if let Some(name) = p.metadata.name {
+            pods.delete(&name, &now).await.ok();
+        }
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    match nodes.delete(VAP_NODE, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("deleting node {VAP_NODE}")),
+    }
+}
+
+/// The admission policy with real service-account tokens of the agent: the agent pod's own (bound
+/// to it, so to this node), one bound to a pod on another node, and one bound to nothing.
+async fn admission_policy(client: &Client) -> Result<()> {
+    let own = kubectl(&[
+        "-n",
+        CHART_NS,
+        "exec",
+        &format!("ds/{AGENT_DS}"),
+        "-c",
+        "agent",
+        "--",
+        "cat",
+        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+    ])
+    .context("reading the agent pod's service-account token")?;
+    let own = own.trim();
+    let n = token_node(own).context("the agent pod's token")?;
+    ensure!(
+        n == NODE,
+        "the agent pod's token names node {n}, want {NODE}"
+    );
+    // a Node object with no kubelet; the probe pod is bound to it and tolerates its taint
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": VAP_NODE},
+        "spec": {"taints": [{"key": "mockgpu.io/token-probe", "effect": "NoExecute"}]}
+    }))?;
+    apply(&Api::all(client.clone()), &node).await?;
+    let probe: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": VAP_POD, "namespace": CHART_NS},
+        "spec": {
+            "serviceAccountName": AGENT_SA, "nodeName": VAP_NODE,
+            "tolerations": [{"key": "mockgpu.io/token-probe", "operator": "Exists"}],
+            "containers": [{"name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never"}]
+        }
+    }))?;
+    let probe = apply(&Api::namespaced(client.clone(), CHART_NS), &probe).await?;
+    let uid = probe.metadata.uid.unwrap_or_default();
+    let other = agent_token(client, Some((VAP_POD, &uid))).await?;
+    let n = token_node(&other).context("the probe pod's token")?;
+    ensure!(
+        n == VAP_NODE,
+        "the probe pod's token names node {n}, want {VAP_NODE}"
+    );
+    let unbound = agent_token(client, None).await?;
+    let pod_own = "the agent pod's token";
+    vap_allows(pod_own, own, NODE).await?;
+    vap_denies(
+        pod_own,
+        own,
+        VAP_NODE,
+        &format!("the mockgpu agent on node {NODE} may write only GpuNode {NODE}, not {VAP_NODE}"),
+    )
+    .await?;
+    let elsewhere = format!("a token bound to a pod on {VAP_NODE}");
+    vap_allows(&elsewhere, &other, VAP_NODE).await?;
+    vap_denies(
+        &elsewhere,
+        &other,
+        NODE,
+        &format!(
+            "the mockgpu agent on node {VAP_NODE} may write only GpuNode {VAP_NODE}, not {NODE}"
+        ),
+    )
+    .await?;
+    vap_denies(
+        "a token bound to no pod",
+        &unbound,
+        NODE,
+        "no authentication.kubernetes.io/node-name claim",
+    )
+    .await
+}
+
+/// Runs the README's command that starts with `prefix` (with `extra`), its output kept in
+/// `<state>/<file>`; on failure, that output and the chart's pods.
+async fn guide_kept(
+    bed: &Bed,
+    client: &Client,
+    prefix: &str,
+    extra: &[&str],
+    file: &str,
+) -> Result<String> {
+    match guide(bed, prefix, extra) {
+        Ok(out) => {
+            std::fs::write(bed.state.join(file), &out)?;
+            Ok(out)
+        }
+        Err(e) => {
+            std::fs::write(bed.state.join(file), format!("{e:#}"))?;
+            Err(anyhow!("{e:#}\n{}", chart_logs(client).await))
+        }
+    }
+}
+
+/// The README's `helm install` (with the test bed's images) in place of the host agent: the
+/// agent's DaemonSet rolls out, its GpuNode is Ready, the controller labels the node, the device
+/// plugin serves 4 GPUs (the README's `kubectl get gpunodes` and node columns show them), a pod
+/// asking for 2 GPUs gets them and the driver files, `helm test` passes, and the admission policy
+/// lets each agent write only its own node's GpuNode.
+pub async fn chart_install(bed: &Bed) -> Result<()> {
+    let client = client().await?;
+    // the steps before left a host agent with the keeper it started, and objects of the same
+    // names as the chart's
+    bed.stop(Signal::SIGTERM, &["agent"]).await?;
+    for k in host_keepers() {
+        kill(Pid::from_raw(k), Signal::SIGTERM).ok();
+    }
+    let gone = wait_for(30, "the host agent's FUSE mount gone", || async {
+        mockgpu_mounts(bed).is_ok_and(|m| m.is_empty())
+    })
+    .await;
+    if let Err(e) = gone {
+        bail!("{e:#}: the host agent left {:?}", mockgpu_mounts(bed)?);
+    }
+    delete_namespace(&client, CHART_NS, 120).await?;
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    for name in ["mockgpu-agent", "mockgpu-controller"] {
+        bindings.delete(name, &DeleteParams::default()).await.ok();
+        roles.delete(name, &DeleteParams::default()).await.ok();
+    }
+    let t = Instant::now();
+    let mut extra = TB_VALUES.to_vec();
+    extra.extend(["--timeout", "180s"]);
+    let out = guide_kept(
+        bed,
+        &client,
+        "helm install mockgpu ",
+        &extra,
+        "helm-install.txt",
+    )
+    .await
+    .context("helm install of charts/mockgpu")?;
+    bed.timing(
+        "chart-install",
+        &format!("{} ms (helm install --wait)", ms(t.elapsed())),
+    );
+    ensure!(
+        out.contains("kubectl get gpunodes"),
+        "helm install printed no NOTES (what to check next): {out}"
+    );
+    let sets = Api::namespaced(client.clone(), CHART_NS);
+    let what = "the agent DaemonSet to roll out";
+    if let Err(e) = wait_object(&sets, AGENT_DS, 60, what, daemonset_rolled_out).await {
+        bail!("{e:#}\n{}", chart_logs(&client).await);
+    }
+    let gpunodes: Api<GpuNode> = Api::all(client.clone());
+    let g = match wait_object(&gpunodes, NODE, 60, &format!("GpuNode {NODE} Ready"), ready).await {
+        Ok(g) => g,
+        Err(e) => bail!(
+            "no Ready GpuNode from the chart's agent: {e:#}\n{}",
+            pods_report(&client, CHART_NS, "app.kubernetes.io/component=agent", 20).await
+        ),
+    };
+    for l in guide(bed, "kubectl get gpunodes", &[])?.lines() {
+        println!("  {l}");
+    }
+    let spec = serde_json::to_value(&g.spec)?;
+    let got = format!(
+        "{}/{}/{}",
+        spec["mode"].as_str().unwrap_or_default(),
+        spec["profile"].as_str().unwrap_or_default(),
+        spec["gpuCount"]
+    );
+    ensure!(
+        got == "mock/gb300/4",
+        "GpuNode {NODE} spec mode/profile/gpuCount: {got}, want mock/gb300/4"
+    );
+    let nodes: Api<Node> = Api::all(client.clone());
+    let what = format!("label {PCI_LABEL}=true");
+    let labelled = |n: Option<&Node>| label(n, PCI_LABEL) == "true";
+    if let Err(e) = wait_object(&nodes, NODE, 60, &what, labelled).await {
+        bail!(
+            "the controller did not label the node: {e:#}\n{}",
+            pods_report(
+                &client,
+                CHART_NS,
+                "app.kubernetes.io/component=controller",
+                20
+            )
+            .await
+        );
+    }
+    let four = |n: Option<&Node>| allocatable(n).as_deref() == Some("4");
+    let what = format!("allocatable {RES} = 4 with the chart's agent");
+    let node = wait_object(&nodes, NODE, 60, &what, four).await?;
+    let cols = guide(bed, "kubectl get nodes -o custom-columns", &[])
+        .context("the README's kubectl get nodes")?;
+    for l in cols.lines() {
+        println!("  {l}");
+    }
+    let row = cols
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&NODE));
+    ensure!(
+        row.as_ref()
+            .is_some_and(|f| f.get(1..3) == Some(&["4", "true"][..])),
+        "the README's node columns: want {NODE} 4 true, got:\n{cols}"
+    );
+    let labels: Vec<String> = node
+        .metadata
+        .labels
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k.contains("mockgpu") || k.contains("nvidia") || k.contains("pci-10de"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    println!("  labels: {}", labels.join(" "));
+    // the user's path: a pod asking for GPUs gets them and the driver files
+    let ns = "chart-jobs";
+    create_namespace(&client, ns).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.create(&PostParams::default(), &gpu_pod("gpu-2", ns, 2)?)
+        .await?;
+    if let Err(e) = wait_object(&pods, "gpu-2", 120, "gpu-2 (2 GPUs) Ready", pod_ready()).await {
+        bail!(
+            "a pod with 2 GPUs did not start: {e:#}\n{}",
+            pods_report(&client, ns, "", 20).await
+        );
+    }
+    let (out, rc) = kubectl_exec(ns, "gpu-2", &["ls", "/proc/driver/nvidia/gpus"])?;
+    let gpus = out.lines().count();
+    ensure!(
+        rc == 0 && gpus == 4,
+        "the pod with 2 GPUs sees {gpus} GPUs in /proc/driver/nvidia/gpus (exit {rc}), want the node's 4"
+    );
+    Api::<Namespace>::all(client.clone())
+        .delete(ns, &DeleteParams::default())
+        .await?;
+    let t = Instant::now();
+    let out = guide_kept(bed, &client, "helm test mockgpu ", &[], "helm-test.txt")
+        .await
+        .context("helm test (mockgpu-agent doctor)")?;
+    bed.timing("chart-helm-test", &format!("{} ms", ms(t.elapsed())));
+    for l in out.lines().skip_while(|l| !l.contains("POD LOGS")).take(30) {
+        println!("  {l}");
+    }
+    let r = admission_policy(&client).await;
+    let d = vap_down(&client).await;
+    r.and(d)
+}
+
+/// The reasons of the events about the node's GpuNode.
+async fn gpunode_events(client: &Client) -> Result<Vec<String>> {
+    let events: Api<Event> = Api::all(client.clone());
+    let lp = ListParams::default().fields(&format!(
+        "involvedObject.kind=GpuNode,involvedObject.name={NODE}"
+    ));
+    Ok(events
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect())
+}
+
+/// `reason count; ...` of the GpuNode's events.
+fn event_counts(reasons: &[String]) -> String {
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for r in reasons {
+        *counts.entry(r).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Whether a line is `GPU <0-3>: NVIDIA GB300 (UUID: GPU-<hex and ->)`.
+fn gb300_line(l: &str) -> bool {
+    let Some(rest) = l.strip_prefix("GPU ") else {
+        return false;
+    };
+    let Some((i, rest)) = rest.split_once(": NVIDIA GB300 (UUID: GPU-") else {
+        return false;
+    };
+    matches!(i, "0" | "1" | "2" | "3")
+        && rest.strip_suffix(')').is_some_and(|u| {
+            !u.is_empty()
+                && u.bytes()
+                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f' | b'-'))
+        })
+}
+
+/// Slinky on the chart's agent and controller, then the README's profile change by `helm upgrade`
+/// with remediation on: the controller sees the slurmd pod predate the new topology (Drifted),
+/// deletes the node's Slurm record through slurmrestd and the pod, and the recreated pod's slurmd
+/// registers the new GPUs.
+pub async fn chart_slinky_remediation(bed: &Bed) -> Result<()> {
+    let client = client().await?;
+    // the chart's controller labels the node; the step does not
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = nodes.get(NODE).await?;
+    ensure!(
+        label(Some(&node), PCI_LABEL) == "true",
+        "the chart's controller did not label {NODE} {PCI_LABEL}=true"
+    );
+    let r = remediation(bed, &client).await;
+    let d = slinky::down(&client, false).await;
+    r.and(d)
+}
+
+async fn remediation(bed: &Bed, client: &Client) -> Result<()> {
+    let ip = slinky::controller_up(client, bed, "nvidia", false).await?;
+    let rip = slinky::restapi_up(client, &ip).await?;
+    let took = slinky::nodeset_up(client, &ip).await?;
+    bed.timing("chart-slinky-slurmd-idle", &format!("{} ms", ms(took)));
+    let sockets = gres_sockets(bed)?;
+    ensure!(!sockets.is_empty(), "no socket found for the served GPUs");
+    let want = format!("{NODE} idle gpu:nvidia_gb300:4(S:{sockets})");
+    let s = slinky::sinfo()?;
+    slinky::check(client, s == want, || format!("sinfo: {s:?}, want {want:?}")).await?;
+    let cuda = match srun_cuda_visible() {
+        Ok(c) => c,
+        Err(e) => return Err(slinky::with_logs(client, e).await),
+    };
+    ensure!(
+        cuda == "CUDA_VISIBLE_DEVICES=0,1",
+        "srun --gres=gpu:2 on the chart's agent: {cuda}, want CUDA_VISIBLE_DEVICES=0,1"
+    );
+    println!("  on the chart's agent: {s}; srun --gres=gpu:2: {cuda}");
+    // the README's verification: nvidia-smi in the job, through the libnvidia-ml.so.1 the NRI
+    // plugin bound into the slurmd container; without ConstrainDevices (Slinky's default
+    // cgroup.conf) a job sees all four GPUs, as on a real node, with the driver files' UUIDs (the
+    // node test bed's constrain-devices step confines jobs)
+    let smi = match srun(&[
+        "--gres=gpu:2",
+        "bash",
+        "-c",
+        r#"echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; nvidia-smi -L"#,
+    ]) {
+        Ok(s) => s,
+        Err(e) => return Err(slinky::with_logs(client, e.context("srun nvidia-smi -L")).await),
+    };
+    for l in smi.lines() {
+        println!("  srun nvidia-smi -L: {l}");
+    }
+    ensure!(
+        smi.lines().next() == Some("CUDA_VISIBLE_DEVICES=0,1"),
+        "the README's srun: want CUDA_VISIBLE_DEVICES=0,1 first, got:\n{smi}"
+    );
+    let n = smi.lines().filter(|l| gb300_line(l)).count();
+    ensure!(
+        n == 4,
+        "srun nvidia-smi -L: {n} NVIDIA GB300 lines, want 4:\n{smi}"
+    );
+    let files = srun(&[
+        "sh",
+        "-c",
+        r#"sed -n "s/^GPU UUID:[[:space:]]*//p" /proc/driver/nvidia/gpus/*/information"#,
+    ])?;
+    let mut want: Vec<String> = files.lines().map(str::to_owned).collect();
+    want.sort();
+    let mut got = uuids_in(&smi);
+    got.sort();
+    ensure!(
+        got == want,
+        "nvidia-smi -L's UUIDs {got:?} are not the driver files' {want:?}"
+    );
+    let uid0 = slinky::slurmd_pod(client).await?.metadata.uid;
+    // the README's token Secret and profile change; slurmrestd's address in place of its Service's
+    guide(
+        bed,
+        "kubectl -n mockgpu-system create secret generic slurm-token",
+        &[],
+    )
+    .context("the README's slurm-token Secret")?;
+    let t = Instant::now();
+    let url = format!("controller.remediation.slurmrestdUrl=http://{rip}:{RESTAPI_PORT}");
+    guide_kept(
+        bed,
+        client,
+        "helm upgrade mockgpu ",
+        &["--set", &url, "--timeout", "120s"],
+        "helm-upgrade.txt",
+    )
+    .await
+    .context("helm upgrade (profile gb200, remediation on)")?;
+    bed.timing(
+        "chart-upgrade",
+        &format!("{} ms (helm upgrade --wait)", ms(t.elapsed())),
+    );
+    let gpunodes: Api<GpuNode> = Api::all(client.clone());
+    let gb200 = |g: Option<&GpuNode>| g.is_some_and(|g| g.spec.profile == "gb200");
+    wait_object(
+        &gpunodes,
+        NODE,
+        60,
+        &format!("GpuNode {NODE} with profile gb200"),
+        gb200,
+    )
+    .await?;
+    let remediated = wait_for(
+        120,
+        "the controller's remediation (events SlurmNodeDeleted, PodDeleted)",
+        || async {
+            gpunode_events(client).await.is_ok_and(|r| {
+                r.iter().any(|r| r == "SlurmNodeDeleted") && r.iter().any(|r| r == "PodDeleted")
+            })
+        },
+    )
+    .await;
+    let events = gpunode_events(client).await?;
+    if let Err(e) = remediated {
+        let g = gpunodes.get_opt(NODE).await?;
+        let conditions = g
+            .and_then(|g| g.status)
+            .map(|s| serde_json::to_string(&s.conditions).unwrap_or_default());
+        bail!(
+            "no remediation after the profile change: {e:#}\nthe GpuNode's events: {}\nits conditions: {}\n{}",
+            event_counts(&events),
+            conditions.unwrap_or_default(),
+            pods_report(
+                client,
+                CHART_NS,
+                "app.kubernetes.io/component=controller",
+                20
+            )
+            .await
+        );
+    }
+    println!("  the GpuNode's events: {}", event_counts(&events));
+    ensure!(
+        events.iter().any(|r| r == "Drifted"),
+        "no Drifted event before the remediation: {}",
+        event_counts(&events)
+    );
+    let sockets = gres_sockets(bed)?;
+    ensure!(!sockets.is_empty(), "no socket found for the served GPUs");
+    slinky::wait_gres(client, 120, &format!("gpu:nvidia_gb200:4(S:{sockets})"))
+        .await
+        .context("Slurm did not take the new GPUs")?;
+    bed.timing(
+        "chart-remediated",
+        &format!(
+            "{} ms from helm upgrade to slurmd idle with the new GPUs",
+            ms(t.elapsed())
+        ),
+    );
+    let uid = slinky::slurmd_pod(client).await?.metadata.uid;
+    ensure!(
+        uid.is_some() && uid != uid0,
+        "the slurmd pod was not recreated (uid {uid:?}, was {uid0:?})"
+    );
+    let cuda = match srun_cuda_visible() {
+        Ok(c) => c,
+        Err(e) => {
+            let e = e.context("srun --gres=gpu:2 after the remediation");
+            return Err(slinky::with_logs(client, e).await);
+        }
+    };
+    ensure!(
+        cuda == "CUDA_VISIBLE_DEVICES=0,1",
+        "srun --gres=gpu:2 after the remediation: {cuda}"
+    );
+    let models = srun(&[
+        "sh",
+        "-c",
+        r#"grep -h "^Model:" /proc/driver/nvidia/gpus/*/information"#,
+    ])
+    .context("srun reading the GPUs' information")?;
+    let gb200 = models
+        .lines()
+        .filter(|l| l.strip_prefix("Model:").map(str::trim) == Some("NVIDIA GB200"))
+        .count();
+    ensure!(
+        gb200 == 4 && models.lines().count() == 4,
+        "the job sees, want 4 NVIDIA GB200:\n{models}"
+    );
+    let sinfo = guide(
+        bed,
+        "kubectl -n slurm exec slurm-controller-0 -c slurmctld -- sinfo",
+        &[],
+    )?;
+    println!(
+        "  after helm upgrade: {}; slurmd pod recreated; srun --gres=gpu:2: {cuda}; the job: 4 x NVIDIA GB200",
+        sinfo.lines().last().unwrap_or_default()
+    );
+    let conditions: Vec<String> = gpunodes
+        .get(NODE)
+        .await?
+        .status
+        .map(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| format!("{}={}", c.type_, c.status))
+        .collect();
+    println!("  conditions: {}", conditions.join(" "));
+    Ok(())
+}
+
+/// Character devices below a directory.
+fn char_devices(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let Ok(ft) = e.file_type() else { continue };
+        if ft.is_dir() {
+            out.extend(char_devices(&e.path()));
+        } else if ft.is_char_device() {
+            out.push(e.path().display().to_string());
+        }
+    }
+    out
+}
+
+/// The README's `helm uninstall` leaves no FUSE mount, device node or label behind.
+pub async fn chart_uninstall(bed: &Bed) -> Result<()> {
+    let client = client().await?;
+    for (m, _) in mounts(bed.node_pid()?)? {
+        if m.starts_with("/run/mockgpu") {
+            println!("  mount before uninstall: {m}");
+        }
+    }
+    let t = Instant::now();
+    guide(bed, "helm uninstall mockgpu ", &["--timeout", "180s"]).context("helm uninstall")?;
+    bed.timing("chart-uninstall", &format!("{} ms", ms(t.elapsed())));
+    let gone = wait_for(60, "no mockgpu FUSE mount in the node", || async {
+        mockgpu_mounts(bed).is_ok_and(|m| m.is_empty())
+    })
+    .await;
+    if let Err(e) = gone {
+        bail!("{e:#}: helm uninstall left {:?}", mockgpu_mounts(bed)?);
+    }
+    let devices = char_devices(&bed.node_path("/run/mockgpu"));
+    ensure!(
+        devices.is_empty(),
+        "helm uninstall left device nodes: {devices:?}"
+    );
+    let nodes: Api<Node> = Api::all(client);
+    let node = nodes.get(NODE).await?;
+    for k in CHART_LABELS {
+        let v = label(Some(&node), k);
+        ensure!(v.is_empty(), "helm uninstall left the label {k}={v}");
+    }
+    println!(
+        "  uninstalled: no FUSE mount, no device node under /run/mockgpu, no mockgpu label on {NODE}"
+    );
+    Ok(())
+}
