@@ -420,8 +420,6 @@ scenario_product_images() {  # the test bed's images hold what the Dockerfiles i
 node_label() { kc get node "${2:-$NODE}" -o jsonpath="{.metadata.labels.${1//./\\.}}"; }   # node_label <key> [node]
 allocatable() { kc get node "$NODE" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}'; }
 allocatable_is() { [ "$(allocatable)" = "$1" ]; }
-# log_since <file> <line count before> <pattern>: the pattern in the lines written since
-log_since() { tail -n +"$(( $2 + 1 ))" "$1" | matches -- "$3"; }
 
 
 dp_pod() {  # dp_pod <name> <GPUs> [namespace]: a pod (in $DP_NS) with limits nvidia.com/gpu: <GPUs>
@@ -451,16 +449,6 @@ dp_ns() { kc create namespace "$1" > /dev/null; wait_for 60 "the default service
 # the controller's steps (controller-rbac ... controller-gpunode-deleted) are in Rust
 # (src/scenarios/controller.rs): two replicas as host processes in the node's network namespace
 # (kinds controller-ctl-a, controller-ctl-b), with a service account's token and the chart's RBAC
-
-# chart_rbac <agent|controller> <namespace>: that component's service account and roles as the
-# chart makes them (release mockgpu), applied by kubectl: the steps before chart-install run the
-# binaries as host processes with the chart's own least privilege
-chart_rbac() {
-  kc create namespace "$2" --dry-run=client -o yaml | kc apply -f - > /dev/null
-  hc template mockgpu "$REPO/charts/mockgpu" --namespace "$2" --show-only "templates/$1-rbac.yaml" > "$ST/$1-rbac.yaml" \
-    || fail "helm template of the chart's $1 RBAC"
-  kc apply -f "$ST/$1-rbac.yaml" > /dev/null
-}
 
 gpunode_yaml() {  # gpunode_yaml <name> <profile> <GPUs> <model>: a GpuNode as an agent would report it
   local i gpus=""
@@ -803,119 +791,15 @@ slinky_down() {  # the namespace and its pods gone, the label removed if the ste
 }
 
 # ---------------------------------------------------------------------------------------------
-# the agent's GpuNode report against the real API server, with the agent's own credentials
+# the agent's GpuNode report against the real API server, with the agent's own credentials: its
+# steps (gpunode-setup ... gpunode-last-report) are in Rust (src/scenarios/gpunode.rs); what the
+# chart steps use of it
 
-AGENT_SA=mockgpu-agent                     # the agent's service account ...
-AGENT_SA_NS=mockgpu-system                 # ... in this namespace
-AGENT_KCFG=$KN/mockgpu-agent.kubeconfig    # node path of its kubeconfig (a bound token)
-AGENT_USER=system:serviceaccount:$AGENT_SA_NS:$AGENT_SA
-# the test bed's reporting agent: its kubeconfig, and a short heartbeat
-REPORT_ARGS="--kubeconfig $AGENT_KCFG --heartbeat 3"
+AGENT_SA=mockgpu-agent                     # the agent's service account
 gn() { kc get gpunode "$NODE" -o jsonpath="$1"; }   # gn <jsonpath>: of the node's GpuNode
 gn_ready() { [ "$(gn '{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
-# kubectl as the agent: its token, its RBAC
+# kubectl with another kubeconfig (a token's)
 kc_as() { local f=$1; shift; nsenter -t "$(nodepid)" -n -- "$KUBECTL" --kubeconfig "$f" --request-timeout=30s "$@"; }  # kc_as <kubeconfig> ...
-kc_agent() { kc_as "$R$AGENT_KCFG" "$@"; }
-
-agent_kubeconfig() { kubeconfig "$R$AGENT_KCFG" "$AGENT_SA" "$1"; }  # agent_kubeconfig <token>
-
-scenario_gpunode_setup() {  # the CRD, the agent's service account and RBAC; the agent restarted with them
-  # the agent so far had no credentials: it said so once (the log is kept across runs: count from
-  # the start before the one of this agent, which logs the line just before it listens)
-  local prev n
-  prev=$(grep -n 'health endpoint listening' "$LOGS/agent.log" | tail -2 | head -n -1 | cut -d: -f1)
-  n=$(tail -n +"$(( ${prev:-0} + 1 ))" "$LOGS/agent.log" | grep -c 'no Kubernetes API server configured: not reporting' || true)
-  [ "$n" = 1 ] || fail "the agent without credentials logged 'not reporting' $n times, want once"
-  # the GPU pods of the earlier steps gone, HELD counts only this test's pods
-  if ! kc wait --for=delete "namespace/$GPU_NS" --timeout=90s > /dev/null 2>&1; then
-    ! kc get namespace "$GPU_NS" > /dev/null 2>&1 || fail "namespace $GPU_NS still there 90 s after its deletion"
-  fi
-  kc apply -f "$REPO/charts/mockgpu/crds/gpunodes.mockgpu.io.yaml" > /dev/null
-  kc wait --for=condition=Established crd/gpunodes.mockgpu.io --timeout=60s > /dev/null
-  chart_rbac agent "$AGENT_SA_NS"
-  local token; token=$(kc -n "$AGENT_SA_NS" create token "$AGENT_SA" --duration=2h)
-  agent_kubeconfig "$token"
-  # real RBAC: the token may read its node and write GpuNodes, nothing else
-  wait_for 30 "the agent's token may get node $NODE" kc_agent get node "$NODE"
-  local out
-  if out=$(kc_agent get pods -A 2>&1); then fail "the agent's token lists pods: $out"; fi
-  grep -q Forbidden <<< "$out" || fail "listing pods as the agent: $out"
-  if out=$(kc_agent delete gpunode nothing-here 2>&1); then fail "the agent's token deletes GpuNodes: $out"; fi
-  grep -q Forbidden <<< "$out" || fail "deleting a GpuNode as the agent: $out"
-  echo "  CRD gpunodes.mockgpu.io established; $AGENT_USER may get nodes and write gpunodes; listing pods, deleting gpunodes: Forbidden"
-  stop_kinds TERM agent
-  local t; t=$(date +%s%N)
-  start_reporting_agent
-  timing agent-ready-reporting "$(ms "$t") ms"
-}
-
-start_reporting_agent() {  # the host agent with its credentials, ready, its GPUs allocatable
-  local n0; n0=$(nri_lines)
-  AGENT_ARGS="$AGENT_ARGS $REPORT_ARGS" start_agent
-  wait_for 30 "agent ready with credentials" agent_ready "$n0" || { tail -20 "$LOGS/agent.log"; exit 1; }
-  wait_for 60 "allocatable $RES = 4 again" allocatable_is 4 || fail "allocatable $RES is '$(allocatable)' after the agent restart"
-}
-
-
-
-
-
-
-gn_apply_status() { kc apply --server-side --force-conflicts --field-manager=mockgpu-agent --subresource=status -f -; }  # < the status's YAML, as the agent applies it
-gn_ready_is() { [ "$(gn '{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].reason}')" = "$1" ]; }
-gn_instance_not() { local i; i=$(gn '{.status.agentInstance}') && [ -n "$i" ] && [[ " $* " != *" $i "* ]]; }
-gn_reported_anew() { gn_instance_not "$@" && gn_ready_is "True TreeMounted"; }   # gn_reported_anew <old instances>
-
-scenario_gpunode_last_report() {  # a stopping agent reports Ready False, unless a successor reports
-  local first second l0
-  first=$(gn '{.status.agentInstance}'); [ -n "$first" ] || fail "the GpuNode's status names no agentInstance"
-  stop_kinds TERM agent
-  gn_ready_is "False AgentStopped" || fail "Ready after the agent stopped: $(gn '{.status.conditions}')"
-  start_reporting_agent
-  wait_for 30 "GpuNode $NODE reported by a new agent" gn_reported_anew "$first" || fail "no report of the new agent: $(gn '{.status}')"
-  second=$(gn '{.status.agentInstance}')
-  # a rollout's successor has reported (as the agent's field manager); then the old agent stops.
-  # The running agent may report once more in between (a heartbeat, its device plugin's change):
-  # then it is the reporter again and says so at its stop; that race is the test's, so it retries
-  local try
-  for try in 1 2 3; do
-    gn_apply_status > /dev/null <<EOF
-apiVersion: mockgpu.io/v1alpha1
-kind: GpuNode
-metadata: {name: $NODE}
-status:
-  agentInstance: mgtb-successor
-  conditions:
-  - {type: Ready, status: "True", reason: Successor, message: a rollout's new agent, lastTransitionTime: "$(date -u +%Y-%m-%dT%H:%M:%SZ)"}
-EOF
-    l0=$(wc -l < "$LOGS/agent.log")
-    stop_kinds TERM agent
-    # (the log may trail the process that stop_kinds waited for by a few milliseconds)
-    wait_for 10 "the stopping agent's last report" log_since "$LOGS/agent.log" "$l0" 'another agent reports the GpuNode now\|GpuNode reported not Ready' \
-      || fail "the stopping agent logged no last report: $(tail -n +"$l0" "$LOGS/agent.log" | tail -5)"
-    log_since "$LOGS/agent.log" "$l0" 'another agent reports the GpuNode now' && break
-    [ "$try" -lt 3 ] || fail "the stopping agent did not see the successor, $try times: $(tail -n +"$l0" "$LOGS/agent.log" | tail -5)"
-    echo "  try $try: the agent reported again between the successor's report and its stop; once more"
-    second=$(gn '{.status.agentInstance}')
-    start_reporting_agent
-    wait_for 30 "GpuNode $NODE reported by a new agent" gn_reported_anew "$first" "$second" || fail "no report of the new agent: $(gn '{.status}')"
-    second=$(gn '{.status.agentInstance}')
-  done
-  [ "$(gn '{.status.agentInstance}')" = mgtb-successor ] && gn_ready_is "True Successor" \
-    || fail "the stopping agent overwrote its successor's report: $(gn '{.status}')"
-  # the stopping agent applies at the resourceVersion it read: the API server refuses a stale one
-  local rv out; rv=$(gn '{.metadata.resourceVersion}')
-  kc annotate gpunode "$NODE" mockgpu.io/testbed-touch="$(date +%s%N)" --overwrite > /dev/null
-  if out=$(printf 'apiVersion: mockgpu.io/v1alpha1\nkind: GpuNode\nmetadata: {name: %s, resourceVersion: "%s"}\nstatus: {agentInstance: mgtb-stale}\n' "$NODE" "$rv" \
-      | gn_apply_status 2>&1); then
-    fail "a status apply at the stale resourceVersion $rv was accepted: $out"
-  fi
-  grep -q 'the object has been modified' <<< "$out" || fail "a status apply at a stale resourceVersion: $out"
-  kc annotate gpunode "$NODE" mockgpu.io/testbed-touch- > /dev/null
-  echo "  alone, the stopping agent reported Ready False AgentStopped; after a successor's report it left the GpuNode to it; a status apply at a stale resourceVersion is refused (409)"
-  start_reporting_agent
-  wait_for 30 "GpuNode $NODE reported by the next agent" gn_reported_anew "$first" "$second" mgtb-successor || fail "no report of the next agent: $(gn '{.status}')"
-}
 
 # ---------------------------------------------------------------------------------------------
 # the chart as a user installs it (the README's command), with the test bed's images, in place of
@@ -1162,7 +1046,7 @@ run_cluster_scenarios() {
   sstep device-plugin-socket rust_scenario device-plugin-socket
   sstep gpu-pod-injected rust_scenario gpu-pod-injected
   sstep dp-registered rust_scenario dp-registered
-  sstep gpunode-setup scenario_gpunode_setup
+  sstep gpunode-setup rust_scenario gpunode-setup
   sstep gpunode-reported rust_scenario gpunode-reported
   sstep dp-pod-2-gpus rust_scenario dp-pod-2-gpus
   sstep gpunode-held rust_scenario gpunode-held
@@ -1172,7 +1056,7 @@ run_cluster_scenarios() {
   sstep gpunode-topology rust_scenario gpunode-topology
   sstep gpunode-recreated rust_scenario gpunode-recreated
   sstep gpunode-heartbeat rust_scenario gpunode-heartbeat
-  sstep gpunode-last-report scenario_gpunode_last_report
+  sstep gpunode-last-report rust_scenario gpunode-last-report
   sstep controller-rbac rust_scenario controller-rbac
   sstep controller-leader rust_scenario controller-leader
   sstep controller-labels rust_scenario controller-labels

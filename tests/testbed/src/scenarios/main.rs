@@ -43,6 +43,7 @@ const SCENARIOS: &[&str] = &[
     "device-plugin-socket",
     "gpu-pod-injected",
     "dp-registered",
+    "gpunode-setup",
     "gpunode-reported",
     "dp-pod-2-gpus",
     "gpunode-held",
@@ -52,6 +53,7 @@ const SCENARIOS: &[&str] = &[
     "gpunode-topology",
     "gpunode-recreated",
     "gpunode-heartbeat",
+    "gpunode-last-report",
     "controller-rbac",
     "controller-leader",
     "controller-labels",
@@ -98,6 +100,8 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "controller-failover" => controller::controller_failover(bed).await,
         "controller-apiserver-restart" => controller::controller_apiserver_restart(bed).await,
         "controller-gpunode-deleted" => controller::controller_gpunode_deleted(bed).await,
+        "gpunode-setup" => gpunode::gpunode_setup(bed).await,
+        "gpunode-last-report" => gpunode::gpunode_last_report(bed).await,
         _ => bail!("no scenario {name}"),
     }
 }
