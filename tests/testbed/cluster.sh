@@ -248,171 +248,8 @@ cluster_up() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# scenarios
-
-
-
-
-widget() { printf 'apiVersion: testbed.mockgpu.io/v1\nkind: Widget\nmetadata: {name: %s}\nspec: {gpus: %s}\n' "$1" "$2"; }
-widget_apply() { widget "$1" "$2" | kc apply -f -; }
-
-scenario_policy() {  # a CRD and a ValidatingAdmissionPolicy on it, enforced by the API server
-  kc apply -f - > /dev/null <<'EOF'
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: widgets.testbed.mockgpu.io}
-spec:
-  group: testbed.mockgpu.io
-  names: {kind: Widget, plural: widgets, singular: widget}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec: {type: object, properties: {gpus: {type: integer}}}
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata: {name: widget-gpus}
-spec:
-  failurePolicy: Fail
-  matchConstraints:
-    resourceRules:
-    - {apiGroups: [testbed.mockgpu.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [widgets]}
-  validations:
-  - {expression: "object.spec.gpus <= 4", message: "a widget has at most 4 GPUs"}
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata: {name: widget-gpus}
-spec: {policyName: widget-gpus, validationActions: [Deny]}
-EOF
-  kc wait --for=condition=Established crd/widgets.testbed.mockgpu.io --timeout=60s > /dev/null
-  wait_for 30 "a widget with 2 GPUs accepted" widget_apply small 2
-  # the policy takes effect a moment after it is created: until it denies, remove what got in
-  local out
-  wait_for 10 "the policy to deny a widget with 8 GPUs" widget_denied || true
-  out=$(cat "$ST/widget-denied.txt")
-  echo "  denied: $out"
-  grep -q 'a widget has at most 4 GPUs' <<< "$out" || fail "the ValidatingAdmissionPolicy did not deny the widget: $out"
-  kc delete validatingadmissionpolicybinding/widget-gpus validatingadmissionpolicy/widget-gpus crd/widgets.testbed.mockgpu.io > /dev/null
-}
-
-widget_denied() {  # creating a widget with 8 GPUs fails (its output in $ST/widget-denied.txt); one that got in is removed
-  if widget big 8 | kc create -f - > "$ST/widget-denied.txt" 2>&1; then kc delete widget big > /dev/null; return 1; fi
-}
-
-
-
-
-# (replaces the host-network test bed's step of the same name)
-isolation() {  # nothing reaches out of the node, nothing listens outside it, nothing pulled
-  local l bad="" hostnet p
-  while read -r l; do
-    case $l in
-      lo|cni0) ;;
-      veth*) innode busybox ip -o link show "$l" | matches 'master cni0' || bad="$bad $l(no master cni0)" ;;
-      *) bad="$bad $l" ;;
-    esac
-  done < <(innode busybox ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1)
-  [ -z "$bad" ] || fail "the node's network namespace has links other than lo and the pod bridge:$bad"
-  # every process of the node (its mount namespace, its pods' cgroups) is outside the host's
-  # network namespace, so whatever listens does so in the node's namespaces
-  hostnet=$(readlink /proc/self/ns/net)
-  local ns; ns=$(cat "$ST/node.mntns")
-  for p in /proc/[0-9]*; do
-    [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$ns" ] || continue
-    [ "$(readlink "$p/ns/net" 2>/dev/null)" != "$hostnet" ] || fail "process ${p#/proc/} ($(cat "$p/comm")) is in the host's network namespace"
-  done
-  for p in $(cgroup_dirs | while read -r d; do find "$d" -name cgroup.procs -exec cat {} +; done | sort -u); do
-    [ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" != "$hostnet" ] || fail "pod process $p is in the host's network namespace"
-  done
-  ! grep -qiE 'PullImage|pulling image' "$LOGS/containerd.log" || fail "containerd pulled an image: $(grep -iE 'PullImage|pulling image' "$LOGS/containerd.log" | head -1)"
-  # the kubelet's sysctl writes landed on the node's shadow files, not on the host
-  [ "$(host_sysctls)" = "$(cat "$ST/host-sysctls")" ] || fail "host sysctls changed: $(host_sysctls | tr '\n' ' '), were $(tr '\n' ' ' < "$ST/host-sysctls")"
-  echo "  host sysctls kept ($(tr '\n' ' ' < "$ST/host-sysctls")); node (the kubelet's): $(for n in $SYSCTLS; do printf '%s=%s ' "$n" "$(innode cat "/proc/sys/$n")"; done)"
-  echo "  node links: $(innode busybox ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | tr '\n' ' '); no process in the host's network namespace; no image pulled"
-}
-
-scenario_helm() {  # Helm installs and removes a chart against the real API server
-  local C=$ST/helm/chart out
-  rm -rf "$ST/helm"; mkdir -p "$C/templates"
-  printf 'apiVersion: v2\nname: mgtb-probe\nversion: 0.1.0\n' > "$C/Chart.yaml"
-  printf 'gpus: 4\n' > "$C/values.yaml"
-  # shellcheck disable=SC2016 # a Helm template, not shell
-  printf 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: {{ .Release.Name }}-probe}\ndata: {gpus: "{{ .Values.gpus }}"}\n' > "$C/templates/cm.yaml"
-  hc install probe "$C" --namespace default --set gpus=2 --wait --timeout 60s > /dev/null || fail "helm install"
-  out=$(kc get configmap probe-probe -o jsonpath='{.data.gpus}')
-  [ "$out" = 2 ] || fail "the chart's ConfigMap has gpus=$out, want 2 (from --set)"
-  echo "  $(hc version --short): $(hc list --namespace default --short | tr '\n' ' ')installed, ConfigMap gpus=$out"
-  hc uninstall probe --namespace default --wait > /dev/null || fail "helm uninstall"
-  ! kc get configmap probe-probe > /dev/null 2>&1 || fail "helm uninstall left the ConfigMap"
-}
-
-# every value set of tests/chart.sh (the defaults and charts/mockgpu/ci/*-values.yaml) rendered
-# with the CRDs and applied with --dry-run=server: the real API server validates each object (its
-# schema, unknown fields, the admission policy's CEL) and keeps none
-scenario_chart_dry_run() {
-  local f name out want got
-  # (a namespace of its own: one being deleted does not get in the way of a real install later)
-  kc create namespace chart-dry-run > /dev/null
-  # (the helm test pod runs as the agent's service account, which a dry run does not create:
-  # Helm creates test pods after the release's objects)
-  kc -n chart-dry-run create serviceaccount mg-mockgpu-agent > /dev/null
-  for f in default "$REPO"/charts/mockgpu/ci/*-values.yaml; do
-    name=$(basename "$f" -values.yaml)
-    if [ "$f" = default ]; then set --; else set -- -f "$f"; fi
-    hc template mg "$REPO/charts/mockgpu" --namespace chart-dry-run --include-crds "$@" > "$ST/chart-$name.yaml"
-    want=$(grep -c '^kind:' "$ST/chart-$name.yaml")
-    out=$(kc apply --dry-run=server -f "$ST/chart-$name.yaml" 2>&1) || fail "chart values $name: the API server rejects: $out"
-    got=$(grep -c ' (server dry run)$' <<< "$out" || true)
-    [ "$got" = "$want" ] || fail "chart values $name: $got of $want objects accepted: $out"
-    grep -qx 'customresourcedefinition.apiextensions.k8s.io/gpunodes.mockgpu.io created (server dry run)' <<< "$out" \
-      || fail "chart values $name: no GpuNode CRD among: $out"
-    grep -qx 'validatingadmissionpolicy.admissionregistration.k8s.io/mg-mockgpu-agent-own-gpunode created (server dry run)' <<< "$out" \
-      || fail "chart values $name: no admission policy among: $out"
-    echo "  $name: $got objects accepted"
-  done
-  ! kc get crd gpunodes.mockgpu.io > /dev/null 2>&1 || fail "a dry run left the GpuNode CRD behind"
-  kc delete namespace chart-dry-run --wait=false > /dev/null
-}
-
-img_pod() {  # img_pod <name> <image> <the container's command/args fields, JSON>: a pod that runs once
-  kc apply -f - > /dev/null <<EOF
-{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$1", "namespace": "default"},
- "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-  "containers": [{"name": "c", "image": "$2", "imagePullPolicy": "Never", $3}]}}
-EOF
-}
-pod_phase_is() { [ "$(kc get pod "$1" -o jsonpath='{.status.phase}')" = "$2" ]; }
-
-scenario_product_images() {  # the test bed's images hold what the Dockerfiles install, and run
-  local f name img n dest mode checks uid out want_uid
-  for f in "$REPO"/images/*.Dockerfile; do
-    name=mockgpu-$(basename "$f" .Dockerfile); img=localhost/$name:1; checks=""
-    # shellcheck disable=SC2016 # expanded in the container
-    while read -r n dest mode; do checks="$checks stat -c '%n %a' $dest;"; done < <("$REPO/tests/images.sh" installs "$f")
-    img_pod "$name-files" "$img" "\"command\": [\"/bin/sh\", \"-c\", \"$checks id -u\"]"
-    # the entry point as the Dockerfile sets it, with --version for arguments
-    img_pod "$name-entry" "$img" '"args": ["--version"]'
-    wait_for 60 "$name-files Succeeded" pod_phase_is "$name-files" Succeeded \
-      || { kc describe pod "$name-files" | tail -15; fail "$img: the file checks failed: $(kc logs "$name-files" 2>&1 | tail -3)"; }
-    out=$(kc logs "$name-files")
-    while read -r n dest mode; do
-      grep -qx "$dest $mode" <<< "$out" || fail "$img: want $dest with mode $mode (as $f installs it), got: $(tr '\n' ' ' <<< "$out")"
-    done < <("$REPO/tests/images.sh" installs "$f")
-    uid=$(tail -1 <<< "$out"); want_uid=$("$REPO/tests/images.sh" config "$f" | jq -r '.User // "0"'); want_uid=${want_uid%%:*}
-    [ "$uid" = "$want_uid" ] || fail "$img runs as uid $uid, $f says USER $want_uid"
-    wait_for 60 "$name-entry Succeeded" pod_phase_is "$name-entry" Succeeded \
-      || fail "$img: its entry point with --version failed: $(kc logs "$name-entry" 2>&1 | tail -3)"
-    echo "  $img: $(sed '$d' <<< "$out" | tr '\n' ' ')uid $uid; entry point --version: $(kc logs "$name-entry")"
-    kc delete pod "$name-files" "$name-entry" --wait=false > /dev/null
-  done
-}
+# scenarios: the API server's own (crd-admission-policy, helm, chart-dry-run, product-images) and
+# the isolation at the end are in Rust (src/scenarios/apiserver.rs)
 
 # ---------------------------------------------------------------------------------------------
 # the agent's device plugin against the real kubelet
@@ -1039,10 +876,10 @@ scenario_chart_uninstall() {  # `helm uninstall` leaves no mount, device node or
 run_cluster_scenarios() {
   sstep node-ready rust_scenario node-ready
   sstep pod-daemonset-exec rust_scenario pod-daemonset-exec
-  sstep crd-admission-policy scenario_policy
-  sstep helm scenario_helm
-  sstep chart-dry-run scenario_chart_dry_run
-  sstep product-images scenario_product_images
+  sstep crd-admission-policy rust_scenario crd-admission-policy
+  sstep helm rust_scenario helm
+  sstep chart-dry-run rust_scenario chart-dry-run
+  sstep product-images rust_scenario product-images
   sstep device-plugin-socket rust_scenario device-plugin-socket
   sstep gpu-pod-injected rust_scenario gpu-pod-injected
   sstep dp-registered rust_scenario dp-registered

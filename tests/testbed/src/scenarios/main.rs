@@ -6,6 +6,7 @@
 //! runtime's logs.
 
 mod agent;
+mod apiserver;
 mod bed;
 mod cluster;
 mod controller;
@@ -40,6 +41,10 @@ const SCENARIOS: &[&str] = &[
     // cluster mode
     "node-ready",
     "pod-daemonset-exec",
+    "crd-admission-policy",
+    "helm",
+    "chart-dry-run",
+    "product-images",
     "device-plugin-socket",
     "gpu-pod-injected",
     "dp-registered",
@@ -61,6 +66,7 @@ const SCENARIOS: &[&str] = &[
     "controller-failover",
     "controller-apiserver-restart",
     "controller-gpunode-deleted",
+    "cluster-isolation",
 ];
 
 async fn scenario(name: &str, bed: &Bed) -> Result<()> {
@@ -100,6 +106,11 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "controller-failover" => controller::controller_failover(bed).await,
         "controller-apiserver-restart" => controller::controller_apiserver_restart(bed).await,
         "controller-gpunode-deleted" => controller::controller_gpunode_deleted(bed).await,
+        "crd-admission-policy" => apiserver::crd_admission_policy(bed).await,
+        "helm" => apiserver::helm_chart(bed).await,
+        "chart-dry-run" => apiserver::chart_dry_run(bed).await,
+        "product-images" => apiserver::product_images(bed).await,
+        "cluster-isolation" => apiserver::cluster_isolation(bed).await,
         "gpunode-setup" => gpunode::gpunode_setup(bed).await,
         "gpunode-last-report" => gpunode::gpunode_last_report(bed).await,
         _ => bail!("no scenario {name}"),
