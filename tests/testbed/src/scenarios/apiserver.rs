@@ -21,7 +21,9 @@ use kube::api::{
 use serde_json::{Value, json};
 
 use crate::bed::{Bed, stdout_of, wait_for};
-use crate::cluster::{TB_MANAGER, apply_crd, client, default_account, helm, kubectl, wait_object};
+use crate::cluster::{
+    TB_MANAGER, api_message, apply_crd, client, default_account, helm, kubectl, wait_object,
+};
 use crate::node::no_image_pulled;
 
 fn repo() -> Result<PathBuf> {
@@ -99,7 +101,7 @@ pub async fn crd_admission_policy(_bed: &Bed) -> Result<()> {
         let (widgets, pp, small, last) = (&widgets, &pp, &small, &last);
         async move {
             let r = widgets.patch("small", pp, &Patch::Apply(small)).await;
-            r.map_err(|e| *last.borrow_mut() = e.to_string()).is_ok()
+            r.map_err(|e| *last.borrow_mut() = api_message(&e)).is_ok()
         }
     })
     .await;
@@ -112,16 +114,12 @@ pub async fn crd_admission_policy(_bed: &Bed) -> Result<()> {
         async move {
             match widgets.create(&PostParams::default(), big).await {
                 Ok(_) => {
-                    *denial.borrow_mut() = "created".into();
+                    *denial.borrow_mut() = "created (the policy let it in)".into();
                     widgets.delete("big", &DeleteParams::default()).await.ok();
                     false
                 }
-                Err(kube::Error::Api(s)) => {
-                    *denial.borrow_mut() = format!("{} ({} {})", s.message, s.code, s.reason);
-                    true
-                }
                 Err(e) => {
-                    *denial.borrow_mut() = e.to_string();
+                    *denial.borrow_mut() = api_message(&e);
                     true
                 }
             }
@@ -129,7 +127,7 @@ pub async fn crd_admission_policy(_bed: &Bed) -> Result<()> {
     })
     .await;
     let denial = denial.into_inner();
-    denied.with_context(|| format!("the widget with 8 GPUs: {denial}"))?;
+    denied.with_context(|| format!("the widget with 8 GPUs, at the last try: {denial}"))?;
     ensure!(
         denial.contains(WIDGET_DENIED) && denial.contains(WIDGET_POLICY),
         "the ValidatingAdmissionPolicy {WIDGET_POLICY} did not deny the widget with 8 GPUs \

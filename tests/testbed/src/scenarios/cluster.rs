@@ -584,3 +584,11 @@ pub(crate) async fn client_of(path: &std::path::Path) -> Result<Client> {
 pub(crate) fn api_error(r: &kube::Error, code: u16) -> bool {
     matches!(r, kube::Error::Api(s) if s.code == code)
 }
+
+/// A request's error as the API server said it (`<message> (<code> <reason>)`), or kube's.
+pub(crate) fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({} {})", s.message, s.code, s.reason),
+        e => e.to_string(),
+    }
+}

@@ -16,8 +16,9 @@ use serde_json::json;
 
 use crate::bed::{Bed, wait_for};
 use crate::cluster::{
-    DP_NS, GPU_NS, NODE, RES, account_token, allocatable, api_error, apply_crd, chart_rbac, client,
-    client_of, kubectl, kubectl_exec, token_kubeconfig, wait_deleted, wait_object,
+    DP_NS, GPU_NS, NODE, RES, account_token, allocatable, api_error, api_message, apply_crd,
+    chart_rbac, client, client_of, kubectl, kubectl_exec, token_kubeconfig, wait_deleted,
+    wait_object,
 };
 use crate::node::write_profile;
 
@@ -337,7 +338,7 @@ pub async fn gpunode_setup(bed: &Bed) -> Result<()> {
         let (nodes, last) = (&nodes, &last);
         async move {
             let r = nodes.get(NODE).await;
-            r.map_err(|e| *last.borrow_mut() = e.to_string()).is_ok()
+            r.map_err(|e| *last.borrow_mut() = api_message(&e)).is_ok()
         }
     })
     .await;
@@ -348,7 +349,10 @@ pub async fn gpunode_setup(bed: &Bed) -> Result<()> {
     {
         Ok(l) => bail!("the agent's token lists pods ({} of them)", l.items.len()),
         Err(e) if api_error(&e, 403) => {}
-        Err(e) => bail!("listing pods as the agent: {e}, want Forbidden"),
+        Err(e) => bail!(
+            "listing pods as the agent: {}, want Forbidden",
+            api_message(&e)
+        ),
     }
     match Api::<GpuNode>::all(agent)
         .delete("nothing-here", &DeleteParams::default())
@@ -356,7 +360,10 @@ pub async fn gpunode_setup(bed: &Bed) -> Result<()> {
     {
         Ok(_) => bail!("the agent's token deletes GpuNodes"),
         Err(e) if api_error(&e, 403) => {}
-        Err(e) => bail!("deleting a GpuNode as the agent: {e}, want Forbidden"),
+        Err(e) => bail!(
+            "deleting a GpuNode as the agent: {}, want Forbidden",
+            api_message(&e)
+        ),
     }
     println!(
         "  CRD gpunodes.mockgpu.io established; system:serviceaccount:{AGENT_SA_NS}:{AGENT_SA} \
@@ -509,7 +516,10 @@ pub async fn gpunode_last_report(bed: &Bed) -> Result<()> {
     match refused {
         Ok(_) => bail!("a status apply at the stale resourceVersion {rv} was accepted"),
         Err(e) if api_error(&e, 409) && e.to_string().contains("the object has been modified") => {}
-        Err(e) => bail!("a status apply at a stale resourceVersion: {e}, want 409 Conflict"),
+        Err(e) => bail!(
+            "a status apply at a stale resourceVersion: {}, want 409 Conflict",
+            api_message(&e)
+        ),
     }
     println!(
         "  alone, the stopping agent reported Ready False AgentStopped; after a successor's \
