@@ -11,8 +11,9 @@ K8S_BIN=${K8S_BIN:-$("$REPO/tests/build-k8s.sh" --print-dir)}
 KUBECTL=${KUBECTL:-$K8S_BIN/kubectl}
 NODE_IP=192.0.2.10                 # TEST-NET-1: routed nowhere
 POD_CIDR=198.51.100.0/24           # TEST-NET-2: the bridge's pods
-SVC_CIDR=203.0.113.0/24            # TEST-NET-3: service addresses (no kube-proxy: never answered)
+SVC_CIDR=203.0.113.0/24            # TEST-NET-3: service addresses (kube-proxy, nftables mode)
 SVC_IP=203.0.113.1                 # the `kubernetes` service
+DNS_IP=203.0.113.10                # the `kube-dns` service: CoreDNS, the pods' nameserver
 KN=/etc/kubernetes                 # node path of the PKI, kubeconfigs and kubelet config
 KCFG=$R$KN/admin.kubeconfig        # host path of the admin kubeconfig
 GPU_NS=gpu-jobs                    # a namespace the agent does not trust (--trusted-namespaces default)
@@ -82,6 +83,7 @@ pki() {  # pki <dir>: CA, serving and client certificates, service-account key p
   cert "$P" admin /O=system:masters/CN=kubernetes-admin clientAuth
   cert "$P" controller-manager /CN=system:kube-controller-manager clientAuth
   cert "$P" scheduler /CN=system:kube-scheduler clientAuth
+  cert "$P" kube-proxy /CN=system:kube-proxy clientAuth
   cert "$P" kubelet "/O=system:nodes/CN=system:node:$NODE" clientAuth
   cert "$P" kubelet-serving "/O=system:nodes/CN=system:node:$NODE" serverAuth "IP:$NODE_IP,DNS:$NODE"
   rm -f "$P/ca.srl"
@@ -132,13 +134,34 @@ cluster_configs() {  # (write_configs, cluster mode) containerd with CNI, kubele
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]}
 EOF
-  echo "nameserver 127.0.0.1" > "$R$KN/resolv.conf"   # pods' DNS: nothing outside the node is asked
+  # the node's upstream DNS (dnsPolicy Default): nothing outside the node is asked; CoreDNS
+  # answers the cluster's names and forwards nothing
+  echo "nameserver 127.0.0.1" > "$R$KN/resolv.conf"
   host_sysctls > "$ST/host-sysctls"    # the isolation step checks that the host keeps them
   pki "$R$KN/pki"
   kubeconfig "$R$KN/admin.kubeconfig" admin
   kubeconfig "$R$KN/controller-manager.kubeconfig" controller-manager
   kubeconfig "$R$KN/scheduler.kubeconfig" scheduler
   kubeconfig "$R$KN/kubelet.kubeconfig" kubelet
+  kubeconfig "$R$KN/kube-proxy.kubeconfig" kube-proxy
+  cat > "$R$KN/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $KN/kube-proxy.kubeconfig}
+hostnameOverride: $NODE
+mode: nftables
+clusterCIDR: $POD_CIDR
+# a pod reaching a service whose endpoint is on the same bridge: without br_netfilter (a host-wide
+# module) the reply would bypass the node's NAT; masquerading every service connection avoids that
+nftables: {masqueradeAll: true}
+# the conntrack limits and timeouts are the host's (0: leave them)
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+# no CAP_SYS_RESOURCE here (as the kubelet)
+oomScoreAdj: 0
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+EOF
   cat > "$R$KN/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -168,6 +191,7 @@ authentication:
 authorization: {mode: Webhook}
 resolvConf: $KN/resolv.conf
 clusterDomain: cluster.local
+clusterDNS: [$DNS_IP]
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 # images are imported, never pulled: never collect them
 imageGCHighThresholdPercent: 100
@@ -194,7 +218,7 @@ cgroup_root_ready() {  # the kubelet wants its cgroupRoot to exist in every hier
 spawn_apiserver() {  # (control_plane_up; the API server restart step)
   local P=$KN/pki
   spawn kube-apiserver "$LOGS/kube-apiserver.log" /opt/k8s/kube-apiserver --etcd-servers=http://127.0.0.1:2379 \
-    --bind-address=127.0.0.1 --secure-port=6443 --advertise-address="$NODE_IP" \
+    --bind-address=0.0.0.0 --secure-port=6443 --advertise-address="$NODE_IP" \
     --service-cluster-ip-range="$SVC_CIDR" --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file=$P/sa.pub --service-account-signing-key-file=$P/sa.key \
     --tls-cert-file=$P/apiserver.crt --tls-private-key-file=$P/apiserver.key --client-ca-file=$P/ca.crt \
@@ -237,14 +261,25 @@ kubelet_up() {
     --authentication-kubeconfig=$KN/scheduler.kubeconfig --authorization-kubeconfig=$KN/scheduler.kubeconfig \
     --bind-address=127.0.0.1 --leader-elect=false --profiling=false -v=1
   cgroup_root_ready
+  spawn kube-proxy "$LOGS/kube-proxy.log" /opt/k8s/kube-proxy --config=$KN/kube-proxy.yaml -v=1
   spawn_kubelet
   wait_for 120 "node $NODE registered" node_registered || { grep -E '^E|rror' "$LOGS/kubelet.log" | tail -20; exit 1; }
   timing node-registered "$(ms "$t") ms"
 }
 
+dns_ready() { [ "$(kc -n kube-system get deploy coredns -o jsonpath='{.status.readyReplicas}')" = 1 ]; }
+cluster_dns_up() {  # CoreDNS behind the kube-dns service (node/coredns.yaml), ready
+  local t; t=$(date +%s%N)
+  sed "s/@DNS_IP@/$DNS_IP/" "$HERE/node/coredns.yaml" | kc apply -f - > /dev/null
+  wait_for 120 "CoreDNS ready" dns_ready ||
+    { kc -n kube-system describe pods -l k8s-app=kube-dns | tail -20; tail -20 "$LOGS/kube-proxy.log"; exit 1; }
+  timing dns-ready "$(ms "$t") ms"
+}
+
 cluster_up() {
   step control-plane control_plane_up
   if [ $FAILED = 0 ]; then step kubelet kubelet_up; fi
+  if [ $FAILED = 0 ]; then step cluster-dns cluster_dns_up; fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -876,6 +911,7 @@ scenario_chart_uninstall() {  # `helm uninstall` leaves no mount, device node or
 run_cluster_scenarios() {
   sstep node-ready rust_scenario node-ready
   sstep pod-daemonset-exec rust_scenario pod-daemonset-exec
+  sstep services-dns rust_scenario services-dns
   sstep crd-admission-policy rust_scenario crd-admission-policy
   sstep helm rust_scenario helm
   sstep chart-dry-run rust_scenario chart-dry-run
@@ -912,5 +948,5 @@ run_cluster_scenarios() {
 }
 
 cluster_down() {  # (phase_down, first) the kubelet before the runtime, so that it restarts nothing
-  stop_kinds TERM controller-ctl-a controller-ctl-b kubelet kube-scheduler kube-controller-manager kube-apiserver etcd
+  stop_kinds TERM controller-ctl-a controller-ctl-b kubelet kube-proxy kube-scheduler kube-controller-manager kube-apiserver etcd
 }

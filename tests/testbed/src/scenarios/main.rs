@@ -13,6 +13,7 @@ mod controller;
 mod gpunode;
 mod gpupods;
 mod node;
+mod services;
 mod slurm;
 
 use std::process::ExitCode;
@@ -41,6 +42,7 @@ const SCENARIOS: &[&str] = &[
     // cluster mode
     "node-ready",
     "pod-daemonset-exec",
+    "services-dns",
     "crd-admission-policy",
     "helm",
     "chart-dry-run",
@@ -87,6 +89,7 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "isolation" => node::isolation(bed).await,
         "node-ready" => cluster::node_ready(bed).await,
         "pod-daemonset-exec" => cluster::pod_daemonset_exec(bed).await,
+        "services-dns" => services::services_dns(bed).await,
         "dp-registered" => cluster::dp_registered(bed).await,
         "device-plugin-socket" => gpupods::device_plugin_socket(bed).await,
         "gpu-pod-injected" => gpupods::gpu_pod_injected(bed).await,
