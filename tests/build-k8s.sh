@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# build-k8s.sh - builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl
-# (k8s.io/kubernetes at $K8S_VERSION) and helm ($HELM_VERSION) from the Go module proxy with the
-# ordinary `go` command, static (CGO_ENABLED=0), into $MGK8S_CACHE/<key>/bin, the key naming the
-# versions and the Go toolchain. A second run only checks the cache. Prints the bin directory on
-# the last line of stdout (`--print-dir` prints it without building).
+# build-k8s.sh - builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl,
+# kube-proxy (k8s.io/kubernetes at $K8S_VERSION), helm ($HELM_VERSION) and coredns
+# ($COREDNS_VERSION) from the Go module proxy with the ordinary `go` command, static
+# (CGO_ENABLED=0), into $MGK8S_CACHE/<key>/bin, the key naming the Kubernetes and Helm versions and
+# the Go toolchain (CoreDNS's version is in bin/.coredns-version). Each binary is built when it is
+# missing, so a binary added to the list costs only its own build. Prints the bin directory on the
+# last line of stdout (`--print-dir` prints it without building).
 # Env: MGK8S_CACHE (/var/tmp/mgk8s: binaries, module and build caches; keep it between CI runs),
 # GOMAXPROCS (2), NICE (15), MGK8S_KEEP_GOCACHE (0: the 5 GB Go build cache is removed once the
 # binaries are in place; 1 keeps it for a faster rebuild at other versions).
@@ -19,21 +21,34 @@ KEY=k8s-$K8S_VERSION-helm-$HELM_VERSION-$GOV
 BIN=$CACHE/$KEY/bin
 if [ "${1:-}" = --print-dir ]; then echo "$BIN"; exit 0; fi
 
-have_all() {
-  local b
-  for b in $K8S_BINARIES helm; do [ -x "$BIN/$b" ] || return 1; done
-  [ -f "$CACHE/$KEY/ok" ]
+have() {  # have <binary>: built, at the pinned version
+  [ -x "$BIN/$1" ] && { [ "$1" != coredns ] || [ "$(cat "$BIN/.coredns-version" 2> /dev/null)" = "$COREDNS_VERSION" ]; }
 }
-if have_all; then
-  echo "build-k8s.sh: cached in $BIN ($K8S_VERSION, helm $HELM_VERSION, $GOV)" >&2
+missing=
+for b in $K8S_BINARIES helm coredns; do have "$b" || missing="$missing $b"; done
+if [ -z "$missing" ]; then
+  echo "build-k8s.sh: cached in $BIN ($K8S_VERSION, helm $HELM_VERSION, coredns $COREDNS_VERSION, $GOV)" >&2
   echo "$BIN"; exit 0
 fi
+echo "build-k8s.sh: to build:$missing" >&2
+wanted() { [[ " $missing " == *" $1 "* ]]; }
 
 export GOMODCACHE=$CACHE/gomod GOCACHE=$CACHE/gobuild GOFLAGS=-mod=mod CGO_ENABLED=0
 export GOTOOLCHAIN=local GOMAXPROCS=${GOMAXPROCS:-2}
 NICE=${NICE:-15}
-W=$CACHE/$KEY/work; mkdir -p "$W/k8s" "$W/helm" "$BIN.tmp"
+W=$CACHE/$KEY/work; mkdir -p "$W/k8s" "$W/helm" "$W/coredns" "$BIN"
 gorun() { local d=$1; shift; (cd "$d" && nice -n "$NICE" go "$@"); }
+# gobuild <module dir> <binary> <ldflags> <package>: built beside, then moved in (a binary in $BIN is whole)
+gobuild() {
+  local tb; tb=$(date +%s)
+  echo "build-k8s.sh: building $2" >&2
+  gorun "$1" build -trimpath -ldflags "$3" -o "$BIN/.$2.tmp" "$4"
+  if command -v file > /dev/null && ! file "$BIN/.$2.tmp" | grep -q 'statically linked'; then
+    echo "build-k8s.sh: $2 is not static" >&2; exit 1
+  fi
+  mv "$BIN/.$2.tmp" "$BIN/$2"
+  echo "TIMING build-$2: $(( $(date +%s) - tb )) s" >&2
+}
 T0=$(date +%s)
 
 # k8s.io/kubernetes replaces its staging modules (k8s.io/api, k8s.io/apiserver, ...) with
@@ -41,7 +56,9 @@ T0=$(date +%s)
 # requires kubernetes and every staging module at v0.<minor>.<patch> (and replaces each with that
 # version) builds the commands instead.
 STAGING_V=v0.${K8S_VERSION#v1.}
-if [ ! -s "$W/k8s/go.mod.done" ]; then
+k8s_wanted=
+for b in $K8S_BINARIES; do wanted "$b" && k8s_wanted="$k8s_wanted $b"; done
+if [ -n "$k8s_wanted" ] && [ ! -s "$W/k8s/go.mod.done" ]; then
   printf 'module mockgpu.test/k8sbuild\n\ngo 1.25\n' > "$W/k8s/go.mod"
   js=$(gorun "$W/k8s" mod download -json "k8s.io/kubernetes@$K8S_VERSION")
   gm=$(sed -n 's/^\s*"GoMod": "\(.*\)",\?$/\1/p' <<< "$js")
@@ -77,30 +94,24 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   LD="$LD -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
   LD="$LD -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
-for b in $K8S_BINARIES; do
-  tb=$(date +%s)
-  echo "build-k8s.sh: building $b $K8S_VERSION" >&2
-  gorun "$W/k8s" build -trimpath -ldflags "$LD" -o "$BIN.tmp/$b" "k8s.io/kubernetes/cmd/$b"
-  echo "TIMING k8s-build-$b: $(( $(date +%s) - tb )) s" >&2
-done
+for b in $k8s_wanted; do gobuild "$W/k8s" "$b" "$LD" "k8s.io/kubernetes/cmd/$b"; done
 
-# Helm has no replace directives: a plain module build.
-tb=$(date +%s)
-echo "build-k8s.sh: building helm $HELM_VERSION" >&2
-if [ ! -s "$W/helm/go.mod" ]; then
-  printf 'module mockgpu.test/helmbuild\n\ngo 1.25\n' > "$W/helm/go.mod"
-  gorun "$W/helm" get "helm.sh/helm/v4@$HELM_VERSION"
+# Helm and CoreDNS have no replace directives: plain module builds.
+if wanted helm; then
+  if [ ! -s "$W/helm/go.mod" ]; then
+    printf 'module mockgpu.test/helmbuild\n\ngo 1.25\n' > "$W/helm/go.mod"
+    gorun "$W/helm" get "helm.sh/helm/v4@$HELM_VERSION"
+  fi
+  gobuild "$W/helm" helm "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" helm.sh/helm/v4/cmd/helm
 fi
-gorun "$W/helm" build -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
-  -o "$BIN.tmp/helm" helm.sh/helm/v4/cmd/helm
-echo "TIMING helm-build: $(( $(date +%s) - tb )) s" >&2
-
-rm -rf "$BIN"; mv "$BIN.tmp" "$BIN"
-for b in $K8S_BINARIES helm; do
-  file "$BIN/$b" 2>/dev/null | grep 'statically linked' > /dev/null || ! command -v file > /dev/null ||
-    { echo "build-k8s.sh: $BIN/$b is not static" >&2; exit 1; }
-done
-touch "$CACHE/$KEY/ok"
+if wanted coredns; then
+  if ! grep -qs "github.com/coredns/coredns $COREDNS_VERSION" "$W/coredns/go.mod"; then
+    printf 'module mockgpu.test/corednsbuild\n\ngo 1.25\n' > "$W/coredns/go.mod"
+    gorun "$W/coredns" get "github.com/coredns/coredns@$COREDNS_VERSION"
+  fi
+  gobuild "$W/coredns" coredns "-s -w" github.com/coredns/coredns
+  echo "$COREDNS_VERSION" > "$BIN/.coredns-version"
+fi
 echo "TIMING k8s-build-total: $(( $(date +%s) - T0 )) s" >&2
 du -sh "$BIN" "$GOMODCACHE" "$GOCACHE" >&2 || true
 if [ "${MGK8S_KEEP_GOCACHE:-0}" != 1 ]; then rm -rf "$GOCACHE"; fi

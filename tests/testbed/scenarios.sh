@@ -8,7 +8,7 @@ GPU_PROFILE=gb300
 # ---------------------------------------------------------------------------------------------
 # the scenarios written in Rust (tests/testbed/src/scenarios): `mgtb-scenarios --exact NAME` runs
 # one against this test bed (`mgtb-scenarios --list` names them). The node's smoke-pod, smoke-slurm,
-# nri-latency and isolation steps are four of them (cluster.sh has its own isolation).
+# nri-latency and isolation steps are four of them (cluster mode's isolation is cluster-isolation).
 
 SCENARIOS_BIN=${SCENARIOS_BIN:-$(dirname "$CRI_BIN")/mgtb-scenarios}
 CONTROLLER_BIN=${CONTROLLER_BIN:-$(dirname "$AGENT_BIN")/mockgpu-controller}   # slurmrestd-delete-node copies it into the node
@@ -20,12 +20,12 @@ rust_scenario() {
     AGENT_RESTART_PAUSE="$AGENT_RESTART_PAUSE" LAT_MAX_RATIO="${LAT_MAX_RATIO:-}" \
     KUBECONFIG="${KCFG:-}" KUBECTL="${KUBECTL:-}" K8S_VERSION="${K8S_VERSION:-}" \
     CONTROLLER_BIN="$CONTROLLER_BIN" HELM="${HELM:-}" REPO="$REPO" SLURM_UID="$SLURM_UID" \
+    MGTB_HOST_NETNS="$(readlink /proc/self/ns/net)" \
     "$SCENARIOS_BIN" --exact "$1" 9>&-
 }
 smoke_pod() { rust_scenario smoke-pod; }
 smoke_slurm() { rust_scenario smoke-slurm; }
 scenario_latency() { rust_scenario nri-latency; }
-isolation() { rust_scenario isolation; }
 
 # ---------------------------------------------------------------------------------------------
 # mockgpu

@@ -476,7 +476,10 @@ phase_all() {
     # without a node there is nothing to test
     if [ $FAILED -gt 0 ] && [[ " ${FAILED_NAMES[*]} " =~ \ (bootstrap|up|control-plane|kubelet)\  ]]; then break; fi
   done
-  if [ -n "$(nodepid)" ]; then step isolation isolation; fi
+  # (the node's isolation; cluster mode's has the pod bridge, its pods and the host's sysctls)
+  if [ -n "$(nodepid)" ]; then
+    if [ "$CLUSTER" = 1 ]; then step isolation rust_scenario cluster-isolation; else step isolation rust_scenario isolation; fi
+  fi
   step teardown teardown_clean
   trap - EXIT
   echo "--- timings"; cat "$LOGS/timings.txt"

@@ -59,6 +59,11 @@ impl Bed {
 
     /// Starts an agent in the node, as `testbed.sh`'s `start_agent` (with `$AGENT_ARGS`).
     fn start_agent(&self) -> Result<u32> {
+        self.start_agent_with(&[])
+    }
+
+    /// Starts an agent in the node with `$AGENT_ARGS` and `more` arguments.
+    pub(crate) fn start_agent_with(&self, more: &[&str]) -> Result<u32> {
         let extra = std::env::var("AGENT_ARGS").unwrap_or_default();
         let mut args = vec![
             "RUST_LOG=info",
@@ -76,6 +81,7 @@ impl Bed {
             "default",
         ];
         args.extend(extra.split_whitespace());
+        args.extend(more);
         let pid = self.spawn("agent", AGENT_LOG, &args)?;
         std::fs::write(self.state.join("agent.pid"), format!("{pid}\n"))?;
         Ok(pid)
@@ -99,7 +105,7 @@ impl Bed {
             && self.logged_since(RUNTIME_LOG, runtime_from, "registered as")
     }
 
-    async fn wait_agent_ready(&self, runtime_from: usize, what: &str) -> Result<()> {
+    pub(crate) async fn wait_agent_ready(&self, runtime_from: usize, what: &str) -> Result<()> {
         wait_for(30, what, || async { self.agent_ready(runtime_from) })
             .await
             .map_err(|e| anyhow::anyhow!("{e}\n{}", self.log_tails(&[AGENT_LOG], 20)))

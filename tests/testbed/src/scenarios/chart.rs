@@ -21,9 +21,9 @@ use serde_json::{Value, json};
 
 use crate::bed::{Bed, mounts, wait_for};
 use crate::cluster::{
-    NODE, RES, allocatable, apply, client, create_namespace, daemonset_rolled_out,
-    delete_namespace, gpu_pod, guide, kubectl, kubectl_exec, label, pod_ready, pods_report,
-    token_client, wait_object,
+    NODE, RES, account_token, allocatable, api_error, api_message, apply, client, client_of,
+    create_namespace, daemonset_rolled_out, delete_namespace, gpu_pod, guide, kubectl,
+    kubectl_exec, label, pod_ready, pods_report, token_kubeconfig, wait_object,
 };
 use crate::controller::gpunode;
 use crate::gpunode::ready;
@@ -148,50 +148,52 @@ fn token_node(token: &str) -> Result<String> {
         .ok_or_else(|| anyhow!("no node claim: {}", claims["kubernetes.io"]))
 }
 
-/// A token of the agent's service account, bound to `pod` (with its uid) or to nothing.
-async fn agent_token(client: &Client, pod: Option<(&str, &str)>) -> Result<String> {
-    let mut spec = json!({"audiences": [], "expirationSeconds": 600});
-    if let Some((name, uid)) = pod {
-        spec["boundObjectRef"] =
-            json!({"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid});
-    }
+/// A token of the agent's service account bound to the pod `name` (its `uid`), so to its node.
+async fn pod_token(client: &Client, name: &str, uid: &str) -> Result<String> {
     let request: TokenRequest = serde_json::from_value(json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"audiences": [], "expirationSeconds": 600,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid}}
     }))?;
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), CHART_NS);
-    Ok(accounts
+    let r = accounts
         .create_token_request(AGENT_SA, &PostParams::default(), &request)
         .await
-        .with_context(|| format!("a token of {AGENT_SA} bound to {pod:?}"))?
-        .status
-        .context("the TokenRequest has no status")?
-        .token)
+        .map_err(|e| {
+            anyhow!(
+                "a token of {AGENT_SA} bound to pod {name}: {}",
+                api_message(&e)
+            )
+        })?;
+    Ok(r.status.context("the TokenRequest has no status")?.token)
 }
 
-/// A server-side dry run of GpuNode `name`'s apply as the agent, with `token`.
-async fn vap_try(token: &str, name: &str) -> Result<(), kube::Error> {
-    let gpunodes: Api<GpuNode> = Api::all(
-        token_client(token)
-            .await
-            .map_err(|e| kube::Error::Service(e.into()))?,
-    );
+/// A server-side dry run of GpuNode `name`'s apply as the agent, with `token` (a kubeconfig of
+/// it in the state directory): the API server's answer.
+async fn vap_try(bed: &Bed, token: &str, name: &str) -> Result<Result<(), kube::Error>> {
+    let kcfg = bed.state.join("vap.kubeconfig");
+    token_kubeconfig(&kcfg, AGENT_SA, token)?;
+    let gpunodes: Api<GpuNode> = Api::all(client_of(&kcfg).await?);
     let pp = PatchParams::apply(mockgpu_api::gpunode::AGENT_MANAGER).dry_run();
     let g = gpunode(name, "gb300", 4, "gb300");
-    gpunodes.patch(name, &pp, &Patch::Apply(&g)).await.map(drop)
+    Ok(gpunodes.patch(name, &pp, &Patch::Apply(&g)).await.map(drop))
 }
 
-async fn vap_allows(what: &str, token: &str, name: &str) -> Result<()> {
-    vap_try(token, name)
-        .await
-        .with_context(|| format!("{what}: writing GpuNode {name} was refused"))?;
+async fn vap_allows(bed: &Bed, what: &str, token: &str, name: &str) -> Result<()> {
+    if let Err(e) = vap_try(bed, token, name).await? {
+        bail!(
+            "{what}: writing GpuNode {name} was refused: {}",
+            api_message(&e)
+        );
+    }
     println!("  {what}, GpuNode {name}: allowed (server dry run)");
     Ok(())
 }
 
-async fn vap_denies(what: &str, token: &str, name: &str, says: &str) -> Result<()> {
-    let e = match vap_try(token, name).await {
+async fn vap_denies(bed: &Bed, what: &str, token: &str, name: &str, says: &str) -> Result<()> {
+    let e = match vap_try(bed, token, name).await? {
         Ok(()) => bail!("{what}: writing GpuNode {name} was allowed"),
-        Err(e) => e.to_string(),
+        Err(e) => api_message(&e),
     };
     ensure!(
         e.contains(&format!("ValidatingAdmissionPolicy '{VAP}'")),
@@ -222,14 +224,14 @@ async fn vap_down(client: &Client) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     match nodes.delete(VAP_NODE, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("deleting node {VAP_NODE}")),
+        Err(e) if api_error(&e, 404) => Ok(()),
+        Err(e) => bail!("deleting node {VAP_NODE}: {}", api_message(&e)),
     }
 }
 
 /// The admission policy with real service-account tokens of the agent: the agent pod's own (bound
 /// to it, so to this node), one bound to a pod on another node, and one bound to nothing.
-async fn admission_policy(client: &Client) -> Result<()> {
+async fn admission_policy(bed: &Bed, client: &Client) -> Result<()> {
     let own = kubectl(&[
         "-n",
         CHART_NS,
@@ -264,16 +266,17 @@ async fn admission_policy(client: &Client) -> Result<()> {
     }))?;
     let probe = apply(&Api::namespaced(client.clone(), CHART_NS), &probe).await?;
     let uid = probe.metadata.uid.unwrap_or_default();
-    let other = agent_token(client, Some((VAP_POD, &uid))).await?;
+    let other = pod_token(client, VAP_POD, &uid).await?;
     let n = token_node(&other).context("the probe pod's token")?;
     ensure!(
         n == VAP_NODE,
         "the probe pod's token names node {n}, want {VAP_NODE}"
     );
-    let unbound = agent_token(client, None).await?;
+    let unbound = account_token(client, CHART_NS, AGENT_SA, 600).await?;
     let pod_own = "the agent pod's token";
-    vap_allows(pod_own, own, NODE).await?;
+    vap_allows(bed, pod_own, own, NODE).await?;
     vap_denies(
+        bed,
         pod_own,
         own,
         VAP_NODE,
@@ -281,8 +284,9 @@ async fn admission_policy(client: &Client) -> Result<()> {
     )
     .await?;
     let elsewhere = format!("a token bound to a pod on {VAP_NODE}");
-    vap_allows(&elsewhere, &other, VAP_NODE).await?;
+    vap_allows(bed, &elsewhere, &other, VAP_NODE).await?;
     vap_denies(
+        bed,
         &elsewhere,
         &other,
         NODE,
@@ -292,6 +296,7 @@ async fn admission_policy(client: &Client) -> Result<()> {
     )
     .await?;
     vap_denies(
+        bed,
         "a token bound to no pod",
         &unbound,
         NODE,
@@ -465,7 +470,7 @@ pub async fn chart_install(bed: &Bed) -> Result<()> {
     for l in out.lines().skip_while(|l| !l.contains("POD LOGS")).take(30) {
         println!("  {l}");
     }
-    let r = admission_policy(&client).await;
+    let r = admission_policy(bed, &client).await;
     let d = vap_down(&client).await;
     r.and(d)
 }

@@ -8,10 +8,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
-use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, LogParams, Patch, PatchParams, PostParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{Condition, await_condition, conditions};
 use kube::{Api, Client, Config, Resource};
 use serde::de::DeserializeOwned;
@@ -32,11 +37,7 @@ pub(crate) const DP_NS: &str = "dp-jobs";
 /// The API server, as the test bed's admin.
 pub async fn client() -> Result<Client> {
     let path = std::env::var("KUBECONFIG").context("$KUBECONFIG is not set (cluster mode only)")?;
-    let kc = Kubeconfig::read_from(&path).with_context(|| path.clone())?;
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .with_context(|| path.clone())?;
-    Ok(Client::try_from(config)?)
+    client_of(path.as_ref()).await
 }
 
 /// Waits up to `secs` for the named object to meet `cond`; on timeout an error naming `what`,
@@ -182,7 +183,6 @@ fn helm_state(bed: &Bed, c: &mut std::process::Command) {
 
 /// Helm against the test bed's API server, with its state (cache, config, data) under the test
 /// bed's state directory; its output, or an error with its standard error.
-#[allow(dead_code)] // the chart scenarios' (being ported from cluster.sh)
 pub(crate) fn helm(bed: &Bed, args: &[&str]) -> Result<String> {
     let helm = std::env::var("HELM").context("$HELM")?;
     let kcfg = std::env::var("KUBECONFIG").context("$KUBECONFIG")?;
@@ -300,35 +300,13 @@ pub(crate) fn label(n: Option<&Node>, key: &str) -> String {
 /// Deletes a namespace (if there is one) and waits up to `secs` for it to be gone.
 pub(crate) async fn delete_namespace(client: &Client, name: &str, secs: u64) -> Result<()> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let Some(ns) = namespaces.get_opt(name).await? else {
-        return Ok(());
-    };
-    let uid = ns.metadata.uid.unwrap_or_default();
     match namespaces.delete(name, &DeleteParams::default()).await {
         Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
-        Err(e) => return Err(e).with_context(|| format!("deleting namespace {name}")),
+        Err(e) if api_error(&e, 404) => return Ok(()),
+        Err(e) => bail!("deleting namespace {name}: {}", api_message(&e)),
     }
-    // (wait_object takes the object's going for a failure; here it is the point)
-    let gone = await_condition(namespaces.clone(), name, conditions::is_deleted(&uid));
-    match tokio::time::timeout(Duration::from_secs(secs), gone).await {
-        Ok(r) => r
-            .map(drop)
-            .with_context(|| format!("watching namespace {name} go")),
-        Err(_) => {
-            let status = namespaces
-                .get_opt(name)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|n| n.status)
-                .and_then(|s| serde_json::to_string(&s).ok())
-                .unwrap_or_default();
-            bail!(
-                "timed out after {secs} s waiting for namespace {name} to be deleted; its status: {status}"
-            )
-        }
-    }
+    let what = format!("namespace {name} to be deleted");
+    wait_deleted(&namespaces, name, secs, &what).await
 }
 
 /// Applies `obj` server-side as the test bed (field manager `mgtb`, forced).
@@ -344,11 +322,17 @@ where
         .context("an object without a name")?;
     api.patch(
         &name,
-        &PatchParams::apply("mgtb").force(),
+        &PatchParams::apply(TB_MANAGER).force(),
         &Patch::Apply(obj),
     )
     .await
-    .with_context(|| format!("applying {} {name}", K::kind(&Default::default())))
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "applying {} {name}: {}",
+            K::kind(&Default::default()),
+            api_message(&e)
+        )
+    })
 }
 
 /// Whether a DaemonSet is rolled out (`kubectl rollout status`): its generation observed, every
@@ -454,20 +438,6 @@ pub(crate) async fn pods_report(
         }
     }
     out
-}
-
-/// The API server as a service account with `token` (the admin kubeconfig's server and CA).
-pub(crate) async fn token_client(token: &str) -> Result<Client> {
-    let path = std::env::var("KUBECONFIG").context("$KUBECONFIG is not set (cluster mode only)")?;
-    let kc = Kubeconfig::read_from(&path).with_context(|| path.clone())?;
-    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .with_context(|| path.clone())?;
-    config.auth_info = AuthInfo {
-        token: Some(token.to_owned().into()),
-        ..AuthInfo::default()
-    };
-    Ok(Client::try_from(config)?)
 }
 
 /// Waits for a namespace's default service account (pods cannot be created before it).
@@ -665,4 +635,186 @@ pub async fn dp_failed_gpu(bed: &Bed) -> Result<()> {
     );
     println!("  failed_gpus: [3] -> allocatable 3 (capacity {cap:?}); back -> 4");
     Ok(())
+}
+
+/// Waits up to `secs` for the named object to be gone (at once when there is none); on timeout
+/// an error naming `what`, with the object's status as it was then.
+pub(crate) async fn wait_deleted<K>(api: &Api<K>, name: &str, secs: u64, what: &str) -> Result<()>
+where
+    K: Clone + Debug + Send + DeserializeOwned + Resource + serde::Serialize + 'static,
+{
+    let Some(uid) = api.get_opt(name).await?.and_then(|k| k.meta().uid.clone()) else {
+        return Ok(());
+    };
+    match tokio::time::timeout(
+        Duration::from_secs(secs),
+        await_condition(api.clone(), name, conditions::is_deleted(&uid)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e).with_context(|| format!("watching {name} for {what}")),
+        Err(_) => {
+            let status = api
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|k| serde_json::to_value(k).ok())
+                .and_then(|v| v.get("status").cloned())
+                .unwrap_or_default();
+            bail!("timed out after {secs} s waiting for {what}; {name}'s status: {status:#}")
+        }
+    }
+}
+
+/// The test bed's field manager for what it applies as the admin (or in an agent's stead).
+pub(crate) const TB_MANAGER: &str = "mgtb";
+
+/// Applies a CRD (server-side, as the test bed) and waits for it to be Established.
+pub(crate) async fn apply_crd(client: &Client, crd: &CustomResourceDefinition) -> Result<()> {
+    let name = crd.metadata.name.clone().context("the CRD has no name")?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.patch(
+        &name,
+        &PatchParams::apply(TB_MANAGER).force(),
+        &Patch::Apply(crd),
+    )
+    .await
+    .with_context(|| format!("apply CRD {name}"))?;
+    wait_object(
+        &crds,
+        &name,
+        60,
+        &format!("the CRD {name} to be Established"),
+        conditions::is_crd_established(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The chart's RBAC of `component` (`agent`, `controller`: `templates/<component>-rbac.yaml` of
+/// release mockgpu in `namespace`, by `helm template`), applied as the admin, the namespace too:
+/// the steps before chart-install run the binaries as host processes with the chart's own least
+/// privilege. The kinds applied, in order.
+pub(crate) async fn chart_rbac(
+    bed: &Bed,
+    client: &Client,
+    component: &str,
+    namespace: &str,
+) -> Result<Vec<String>> {
+    let chart = std::path::PathBuf::from(std::env::var("REPO").context("$REPO")?)
+        .join("charts/mockgpu")
+        .display()
+        .to_string();
+    let template = format!("templates/{component}-rbac.yaml");
+    let yaml = helm(
+        bed,
+        &[
+            "template",
+            "mockgpu",
+            &chart,
+            "--namespace",
+            namespace,
+            "--show-only",
+            &template,
+        ],
+    )
+    .with_context(|| format!("helm template of the chart's {component} RBAC"))?;
+    std::fs::write(bed.state.join(format!("{component}-rbac.yaml")), &yaml)?;
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&yaml)
+        .with_context(|| format!("the chart's {component} RBAC (YAML)"))?;
+    let pp = PatchParams::apply(TB_MANAGER).force();
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
+    Api::<Namespace>::all(client.clone())
+        .patch(namespace, &pp, &Patch::Apply(&ns))
+        .await?;
+    let mut kinds = Vec::new();
+    for doc in docs.into_iter().filter(|d| !d.is_null()) {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let (ar, namespaced) = match kind.as_str() {
+            "ServiceAccount" => (ApiResource::erase::<ServiceAccount>(&()), true),
+            "Role" => (ApiResource::erase::<Role>(&()), true),
+            "RoleBinding" => (ApiResource::erase::<RoleBinding>(&()), true),
+            "ClusterRole" => (ApiResource::erase::<ClusterRole>(&()), false),
+            "ClusterRoleBinding" => (ApiResource::erase::<ClusterRoleBinding>(&()), false),
+            _ => bail!("the chart's {component} RBAC has a {kind:?} ({name})"),
+        };
+        let api: Api<DynamicObject> = if namespaced {
+            Api::namespaced_with(client.clone(), namespace, &ar)
+        } else {
+            Api::all_with(client.clone(), &ar)
+        };
+        api.patch(&name, &pp, &Patch::Apply(&doc))
+            .await
+            .with_context(|| format!("apply {kind} {name}"))?;
+        kinds.push(kind);
+    }
+    Ok(kinds)
+}
+
+/// A token of a service account (a TokenRequest), valid for `secs`.
+pub(crate) async fn account_token(
+    client: &Client,
+    namespace: &str,
+    account: &str,
+    secs: i64,
+) -> Result<String> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"audiences": [], "expirationSeconds": secs}
+    }))?;
+    Ok(accounts
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("a token of the service account {namespace}/{account}"))?
+        .status
+        .context("the TokenRequest has no status")?
+        .token)
+}
+
+/// Writes a kubeconfig (mode 600) of a service account's `token` as user `user`, with the admin
+/// kubeconfig's server and CA.
+pub(crate) fn token_kubeconfig(path: &std::path::Path, user: &str, token: &str) -> Result<()> {
+    let admin = std::env::var("KUBECONFIG").context("$KUBECONFIG")?;
+    let kc = Kubeconfig::read_from(&admin).with_context(|| admin.clone())?;
+    let ca = kc
+        .clusters
+        .iter()
+        .find_map(|c| c.cluster.as_ref()?.certificate_authority_data.clone())
+        .with_context(|| format!("{admin}: no certificate-authority-data"))?;
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: mgtb\n  cluster: {{server: \"https://127.0.0.1:6443\", certificate-authority-data: \"{ca}\"}}\nusers:\n- name: {user}\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: mgtb\n  context: {{cluster: mgtb, user: {user}}}\ncurrent-context: mgtb\n"
+    );
+    std::fs::write(path, text).with_context(|| path.display().to_string())?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    Ok(())
+}
+
+/// A client with the credentials of a kubeconfig (a host path).
+pub(crate) async fn client_of(path: &std::path::Path) -> Result<Client> {
+    let what = path.display().to_string();
+    let kc = Kubeconfig::read_from(path).with_context(|| what.clone())?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .with_context(|| what.clone())?;
+    Ok(Client::try_from(config)?)
+}
+
+/// Whether a request failed with the API server's `code` (403 Forbidden, 409 Conflict ...).
+pub(crate) fn api_error(r: &kube::Error, code: u16) -> bool {
+    matches!(r, kube::Error::Api(s) if s.code == code)
+}
+
+/// A request's error as the API server said it (`<message> (<code> <reason>)`), or kube's.
+pub(crate) fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({} {})", s.message, s.code, s.reason),
+        e => e.to_string(),
+    }
 }

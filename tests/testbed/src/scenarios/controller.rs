@@ -12,25 +12,22 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::core::v1::{Event, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
-use kube::config::Kubeconfig;
-use kube::runtime::wait::conditions;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use mockgpu_api::{GpuNode, GpuNodeGpu, GpuNodeSpec, Mode};
 use nix::sys::signal::Signal;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::bed::{Bed, start_time, wait_for};
-use crate::cluster::{GPU_NS, NODE, client, label, wait_object};
+use crate::cluster::{
+    GPU_NS, NODE, TB_MANAGER, account_token, apply_crd, chart_rbac, client, label,
+    token_kubeconfig, wait_object,
+};
 
 /// The controller's namespace (its service account, the lease).
 const CTL_NS: &str = "mockgpu-system";
@@ -44,8 +41,6 @@ const CTL_STALE: u64 = 20;
 const CTL_LEASE_S: u64 = 15;
 /// The lease the replicas elect their leader with.
 const LEASE: &str = "mockgpu-controller";
-/// The test bed's field manager for what it applies in the agent's stead or as the admin.
-const TB_MANAGER: &str = "mgtb";
 /// The labels the controller sets (and removes).
 const GPU_LABELS: [&str; 4] = [
     "nvidia.com/gpu.present",
@@ -370,91 +365,6 @@ const CHECKS: [Check; 12] = [
     check(false, "delete", "coordination.k8s.io", "leases", "", CTL_NS),
 ];
 
-/// The chart's RBAC of the controller (release mockgpu in `CTL_NS`, `helm template`), applied
-/// as the admin: the steps before chart-install run the binaries as host processes with the
-/// chart's own least privilege.
-async fn chart_rbac(bed: &Bed, client: &Client) -> Result<()> {
-    let helm = env("HELM")?;
-    let chart = std::path::PathBuf::from(env("REPO")?).join("charts/mockgpu");
-    let h = bed.state.join("helm");
-    let out = Command::new(&helm)
-        .env("HELM_CACHE_HOME", h.join("cache"))
-        .env("HELM_CONFIG_HOME", h.join("config"))
-        .env("HELM_DATA_HOME", h.join("data"))
-        .args(["template", "mockgpu"])
-        .arg(&chart)
-        .args([
-            "--namespace",
-            CTL_NS,
-            "--show-only",
-            "templates/controller-rbac.yaml",
-        ])
-        .output()
-        .with_context(|| helm.clone())?;
-    ensure!(
-        out.status.success(),
-        "helm template of the chart's controller RBAC: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    let yaml = String::from_utf8(out.stdout)?;
-    std::fs::write(bed.state.join("controller-rbac.yaml"), &yaml)?;
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(&yaml).context("the chart's controller RBAC (YAML)")?;
-    let pp = PatchParams::apply(TB_MANAGER).force();
-    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CTL_NS}});
-    Api::<Namespace>::all(client.clone())
-        .patch(CTL_NS, &pp, &Patch::Apply(&ns))
-        .await?;
-    let mut kinds = Vec::new();
-    for doc in docs.into_iter().filter(|d| !d.is_null()) {
-        let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
-        let name = doc["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let (ar, namespaced) = match kind.as_str() {
-            "ServiceAccount" => (ApiResource::erase::<ServiceAccount>(&()), true),
-            "Role" => (ApiResource::erase::<Role>(&()), true),
-            "RoleBinding" => (ApiResource::erase::<RoleBinding>(&()), true),
-            "ClusterRole" => (ApiResource::erase::<ClusterRole>(&()), false),
-            "ClusterRoleBinding" => (ApiResource::erase::<ClusterRoleBinding>(&()), false),
-            _ => bail!("the chart's controller RBAC has a {kind:?} ({name})"),
-        };
-        let api: Api<DynamicObject> = if namespaced {
-            Api::namespaced_with(client.clone(), CTL_NS, &ar)
-        } else {
-            Api::all_with(client.clone(), &ar)
-        };
-        api.patch(&name, &pp, &Patch::Apply(&doc))
-            .await
-            .with_context(|| format!("apply {kind} {name}"))?;
-        kinds.push(kind);
-    }
-    ensure!(
-        kinds.len() == 5,
-        "the chart's controller RBAC: {kinds:?}, want a service account, (cluster) roles and bindings"
-    );
-    Ok(())
-}
-
-/// A kubeconfig of the service account's `token`, with the admin kubeconfig's server and CA.
-fn token_kubeconfig(bed: &Bed, token: &str) -> Result<()> {
-    let admin = env("KUBECONFIG")?;
-    let kc = Kubeconfig::read_from(&admin).with_context(|| admin.clone())?;
-    let ca = kc
-        .clusters
-        .iter()
-        .find_map(|c| c.cluster.as_ref()?.certificate_authority_data.clone())
-        .with_context(|| format!("{admin}: no certificate-authority-data"))?;
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: mgtb\n  cluster: {{server: \"https://127.0.0.1:6443\", certificate-authority-data: \"{ca}\"}}\nusers:\n- name: mockgpu-controller\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: mgtb\n  context: {{cluster: mgtb, user: mockgpu-controller}}\ncurrent-context: mgtb\n"
-    );
-    let path = bed.state.join("controller.kubeconfig");
-    std::fs::write(&path, text)?;
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-    Ok(())
-}
-
 /// The CRD, the service account, its roles, a token kubeconfig; what the account may do.
 pub async fn controller_rbac(bed: &Bed) -> Result<()> {
     let client = client().await?;
@@ -466,37 +376,18 @@ pub async fn controller_rbac(bed: &Bed) -> Result<()> {
     ensure!(out.status.success(), "{bin} crd: {}", out.status);
     let crd: CustomResourceDefinition = serde_saphyr::from_str(&String::from_utf8(out.stdout)?)
         .context("the controller's CRD (YAML)")?;
-    let name = crd.metadata.name.clone().context("the CRD has no name")?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(
-        &name,
-        &PatchParams::apply(TB_MANAGER).force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .with_context(|| format!("apply CRD {name}"))?;
-    wait_object(
-        &crds,
-        &name,
-        60,
-        "the CRD to be Established",
-        conditions::is_crd_established(),
-    )
-    .await?;
-    chart_rbac(bed, &client).await?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), CTL_NS);
-    let request: TokenRequest = serde_json::from_value(json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"audiences": [], "expirationSeconds": 7200}
-    }))?;
-    let token = accounts
-        .create_token_request("mockgpu-controller", &PostParams::default(), &request)
-        .await
-        .context("a token of the controller's service account")?
-        .status
-        .context("the TokenRequest has no status")?
-        .token;
-    token_kubeconfig(bed, &token)?;
+    apply_crd(&client, &crd).await?;
+    let kinds = chart_rbac(bed, &client, "controller", CTL_NS).await?;
+    ensure!(
+        kinds.len() == 5,
+        "the chart's controller RBAC: {kinds:?}, want a service account, (cluster) roles and bindings"
+    );
+    let token = account_token(&client, CTL_NS, "mockgpu-controller", 7200).await?;
+    token_kubeconfig(
+        &bed.state.join("controller.kubeconfig"),
+        "mockgpu-controller",
+        &token,
+    )?;
     let mut bad = String::new();
     for c in &CHECKS {
         let got = can_i(&client, c).await?;

@@ -6,6 +6,7 @@
 //! runtime's logs.
 
 mod agent;
+mod apiserver;
 mod bed;
 mod chart;
 mod cluster;
@@ -13,6 +14,7 @@ mod controller;
 mod gpunode;
 mod gpupods;
 mod node;
+mod services;
 mod slinky;
 mod slurm;
 
@@ -42,9 +44,15 @@ const SCENARIOS: &[&str] = &[
     // cluster mode
     "node-ready",
     "pod-daemonset-exec",
+    "services-dns",
+    "crd-admission-policy",
+    "helm",
+    "chart-dry-run",
+    "product-images",
     "device-plugin-socket",
     "gpu-pod-injected",
     "dp-registered",
+    "gpunode-setup",
     "gpunode-reported",
     "dp-pod-2-gpus",
     "gpunode-held",
@@ -54,6 +62,7 @@ const SCENARIOS: &[&str] = &[
     "gpunode-topology",
     "gpunode-recreated",
     "gpunode-heartbeat",
+    "gpunode-last-report",
     "controller-rbac",
     "controller-leader",
     "controller-labels",
@@ -65,6 +74,7 @@ const SCENARIOS: &[&str] = &[
     "chart-install",
     "chart-slinky-remediation",
     "chart-uninstall",
+    "cluster-isolation",
 ];
 
 async fn scenario(name: &str, bed: &Bed) -> Result<()> {
@@ -85,6 +95,7 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "isolation" => node::isolation(bed).await,
         "node-ready" => cluster::node_ready(bed).await,
         "pod-daemonset-exec" => cluster::pod_daemonset_exec(bed).await,
+        "services-dns" => services::services_dns(bed).await,
         "dp-registered" => cluster::dp_registered(bed).await,
         "device-plugin-socket" => gpupods::device_plugin_socket(bed).await,
         "gpu-pod-injected" => gpupods::gpu_pod_injected(bed).await,
@@ -108,6 +119,13 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "chart-install" => chart::chart_install(bed).await,
         "chart-slinky-remediation" => chart::chart_slinky_remediation(bed).await,
         "chart-uninstall" => chart::chart_uninstall(bed).await,
+        "crd-admission-policy" => apiserver::crd_admission_policy(bed).await,
+        "helm" => apiserver::helm_chart(bed).await,
+        "chart-dry-run" => apiserver::chart_dry_run(bed).await,
+        "product-images" => apiserver::product_images(bed).await,
+        "cluster-isolation" => apiserver::cluster_isolation(bed).await,
+        "gpunode-setup" => gpunode::gpunode_setup(bed).await,
+        "gpunode-last-report" => gpunode::gpunode_last_report(bed).await,
         _ => bail!("no scenario {name}"),
     }
 }
