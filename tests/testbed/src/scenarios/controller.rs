@@ -808,10 +808,14 @@ pub async fn controller_gpunode_deleted(bed: &Bed) -> Result<()> {
     }
     let host = label(Some(&node), "kubernetes.io/hostname");
     ensure!(host == CTL_NODE, "the node's own label is gone ('{host}')");
-    ensure!(
-        ctl_event(&client, "LabelsRemoved").await?,
-        "no LabelsRemoved event on node {CTL_NODE}"
-    );
+    // (the controller records the event after its patch of the labels: it may come a moment
+    // after them)
+    wait_for(
+        10,
+        &format!("a LabelsRemoved event on node {CTL_NODE}"),
+        || async { ctl_event(&client, "LabelsRemoved").await.unwrap_or(false) },
+    )
+    .await?;
     bed.stop(Signal::SIGTERM, &["controller-ctl-a", "controller-ctl-b"])
         .await?;
     let h = ctl_holder(&client).await;
