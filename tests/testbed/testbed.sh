@@ -320,11 +320,12 @@ phase_up() {
     build_product_images
     ln -f "$TB/images/product.tar" "$R/var/lib/mgtb/product.tar" 2>/dev/null || cp -f "$TB/images/product.tar" "$R/var/lib/mgtb/product.tar"
   fi
+  if [ "$CLUSTER" = 1 ] && [ "$NODE" = node0 ] && [ "$NODES" -gt 1 ]; then worker_roots; fi
   do_mount; write_configs
   mkdir -p "$R/.oldroot"; rm -f "$R/run/node.pid"
   log "up: node namespaces (mount: pivot_root into $R; network: loopback only)"
   # the holder keeps both namespaces alive across containerd restarts; it is PID 'node' in $PIDS
-  setsid unshare --mount --net --propagation slave --fork -- /bin/bash -c '
+  NODE_IP=${NODE_IP:-} setsid unshare --mount --net --propagation slave --fork -- /bin/bash -c '
     set -e; cd "$0"; pivot_root . .oldroot; cd /
     eval "$1"
     umount -l /.oldroot
@@ -349,7 +350,7 @@ phase_up() {
   for img in $want; do
     grep -qx "localhost/$img:1" <<< "$imgs" || fail "image localhost/$img:1 not imported"
   done
-  print_env > "$TB/env.sh"
+  [ "$NODE" != node0 ] || print_env > "$TB/env.sh"
   timing testbed-up "$(ms "$t") ms (containerd pid $(cat "$ST/containerd.pid"), node pid $(nodepid))"
 }
 
@@ -375,11 +376,22 @@ phase_down() {
   set +e; trap - ERR
   log "down"
   if [ "$CLUSTER" = 1 ]; then cluster_down; fi
-  if [ -S "$CRI_SOCKET" ] && [ -x "$CRI_BIN" ]; then timeout 60 "$CRI_BIN" --socket "$CRI_SOCKET" down > /dev/null 2>&1; fi
+  each_node node_cri_down
   stop_kinds TERM agent mute slurmrestd munged slurmctld
   stop_kinds TERM containerd
-  # container processes and shims left behind (containerd gone before removal): by cgroup and by
-  # the node's mount namespace, both ours alone
+  each_node node_kill
+  stop_kinds TERM node unshare
+  each_node node_unmount
+  umount_under "$TB/rootfs.new"; rm -f "$TB/env.sh"
+  log "down: done ($(each_node leftovers | sort -u | paste -sd ' '))"
+  set -e
+}
+# each_node <function>: for each worker a run left (cluster mode: state/node<i>), in its
+# globals, then for the node
+each_node() { local d; for d in "$TB"/state/node[1-9]*; do [ -d "$d" ] && ( worker_vars "${d##*/node}"; "$@" ); done; "$@"; }
+node_cri_down() { if [ -S "$CRI_SOCKET" ] && [ -x "$CRI_BIN" ]; then timeout 60 "$CRI_BIN" --socket "$CRI_SOCKET" down > /dev/null 2>&1; fi; }
+node_kill() {  # container processes and shims left behind (containerd gone before removal): by
+  # cgroup and by the node's mount namespace, both ours alone
   local p ns np; ns=$(cat "$ST/node.mntns" 2>/dev/null); np=$(nodepid)
   for p in $(cgroup_dirs | while read -r d; do find "$d" -name cgroup.procs -exec cat {} +; done | sort -u); do kill -9 "$p" 2>/dev/null; done
   if [ -n "$ns" ]; then
@@ -388,17 +400,14 @@ phase_down() {
       [ "$(readlink "/proc/$p/ns/mnt" 2>/dev/null)" = "$ns" ] && kill -9 "$p" 2>/dev/null
     done
   fi
-  stop_kinds TERM node unshare
-  # FUSE mounts first (a dead server would hang umount -R), then everything under $R
+}
+node_unmount() {  # FUSE mounts first (a dead server would hang umount -R), then everything under $R
   grep -E " fuse[^ ]* " /proc/self/mountinfo | awk '{print $5}' | grep "^$R/" | sort -r | while read -r m; do umount -l "$m"; done
   if mountpoint -q "$R"; then umount -R "$R" || umount -R -l "$R"; fi
-  umount_under "$R"; umount_under "$TB/rootfs.new"
+  umount_under "$R"
   for d in $(cgroup_dirs); do find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null; done
-  rm -f "$ST"/*.pid "$ST/node.mntns" "$TB/env.sh"
-  local left; left=$(leftovers)
-  [ "$left" != "nothing left" ] || touch "$ST/clean"
-  log "down: done ($left)"
-  set -e
+  rm -f "$ST"/*.pid "$ST/node.mntns"
+  [ "$(leftovers)" != "nothing left" ] || touch "$ST/clean"
 }
 
 leftovers() {  # what teardown left behind, in words ("nothing left" when clean)
