@@ -66,7 +66,7 @@ worker_vars() {  # worker_vars <i>: the globals of node<i> (i > 0), in a subshel
   NODE=node$i; NODE_IP=192.0.2.$((10 + i)); POD_CIDR=198.51.100.$((128 * i))/25
   R=$TB/rootfs-$NODE; ST=$TB/state/$NODE; LOGS=$TB/logs/$NODE
   CRI_SOCKET=$R/run/containerd/containerd.sock; NRI_SOCKET=$R/run/nri/nri.sock
-  CGROUP_PARENT=$CGROUP_PARENT-$NODE; MGTB_CGROUP_PARENT=$CGROUP_PARENT
+  CGROUP_PARENT=$CGROUP_PARENT-$NODE; MGTB_CGROUP_PARENT=$CGROUP_PARENT; KIND_AT=@$NODE
   mkdir -p "$ST" "$LOGS"
 }
 workers() { seq 1 $((NODES - 1)); }   # the workers' indexes

@@ -101,13 +101,16 @@ cgroup_dirs() { local d; for d in /sys/fs/cgroup"$CGROUP_PARENT" /sys/fs/cgroup/
 # reuse; a zombie counts as gone
 # shellcheck disable=SC2086 # split the stat fields
 pstart() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; s=${s##*) }; set -- $s; [ "$1" = Z ] || echo "${20}"; }
-track()  { local st; st=$(pstart "$2"); echo "$1 $2 ${st:--}" >> "$PIDS"; }
+# a worker's processes are of kinds "<kind>@<node>" (KIND_AT, cluster.sh worker_vars): its
+# kubelet is not the one a scenario restarts
+track()  { local st; st=$(pstart "$2"); echo "$1${KIND_AT:-} $2 ${st:--}" >> "$PIDS"; }
 ours()   { [ -n "${2:-}" ] && [ "$(pstart "$1")" = "$2" ]; }
 alive()  { [ -n "$(pstart "$1")" ]; }
 gone()   { ! alive "$1"; }
 stop_kinds() {  # stop_kinds SIG <kind>...: signal our live processes of those kinds, wait <= 10 s
   local sig=$1 k p st ps=(); shift
   for k in "$@"; do
+    k=$k${KIND_AT:-}
     while read -r p st; do ours "$p" "$st" && kill "-$sig" "$p" 2>/dev/null && ps+=("$p $st"); done < <(awk -v k="$k" '$1==k{print $2, $3}' "$PIDS")
     awk -v k="$k" '$1!=k' "$PIDS" > "$PIDS.tmp"; mv -f "$PIDS.tmp" "$PIDS"
   done
@@ -375,12 +378,12 @@ EOF
 phase_down() {
   set +e; trap - ERR
   log "down"
-  if [ "$CLUSTER" = 1 ]; then cluster_down; fi
+  if [ "$CLUSTER" = 1 ]; then each_node cluster_down; fi
   each_node node_cri_down
-  stop_kinds TERM agent mute slurmrestd munged slurmctld
-  stop_kinds TERM containerd
+  each_node stop_kinds TERM agent mute slurmrestd munged slurmctld
+  each_node stop_kinds TERM containerd
   each_node node_kill
-  stop_kinds TERM node unshare
+  each_node stop_kinds TERM node unshare
   each_node node_unmount
   umount_under "$TB/rootfs.new"; rm -f "$TB/env.sh"
   log "down: done ($(each_node leftovers | sort -u | paste -sd ' '))"
