@@ -29,7 +29,8 @@
 #      CRI_BIN, AGENT_BIN, CONTROLLER_BIN (built binaries, default target/release; the agent
 #      carries the shim),
 #      AGENT_ARGS (extra `serve` flags), LAT_N (20), AGENT_RESTART_PAUSE (0 s),
-#      STEPS (a subset of the `all` steps, in order), SCENARIOS (a subset of the scenario steps).
+#      STEPS (a subset of the `all` steps, in order), SCENARIOS (a subset of the scenario steps),
+#      NODES (cluster mode: 1, or node0 and NODES-1 workers; cluster.sh).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -365,7 +366,7 @@ export CRI_SOCKET='$CRI_SOCKET' NRI_SOCKET='$NRI_SOCKET' CRI_BIN='$CRI_BIN'
 EOF
   if [ "$CLUSTER" = 1 ]; then
     cat <<EOF
-# the API server listens on 127.0.0.1:6443 in the node's network namespace:
+# the API server listens on the node's addresses (6443), which only its network namespace has:
 #   nsenter -t \$NODE_PID -n -- \$K8S_BIN/kubectl get nodes
 export KUBECONFIG='$KCFG' K8S_BIN='$K8S_BIN'
 EOF
