@@ -9,8 +9,16 @@
 
 K8S_BIN=${K8S_BIN:-$("$REPO/tests/build-k8s.sh" --print-dir)}
 KUBECTL=${KUBECTL:-$K8S_BIN/kubectl}
-NODE_IP=192.0.2.10                 # TEST-NET-1: routed nowhere
-POD_CIDR=198.51.100.0/24           # TEST-NET-2: the bridge's pods
+# NODES nodes: node0 runs the control plane and is the test bed's node (its root $R); node<i>
+# (worker_vars) has a root, state and logs of its own under $TB, the same images, and a veth link
+# to node0 (nodes_link). Workers register with Slinky's worker taint, so that only pods that
+# tolerate it (the chart's DaemonSets, Slinky's slurmd) land there.
+NODES=${NODES:-1}
+API_IP=192.0.2.10                  # node0's address: the API server, for every node
+NODE_IP=$API_IP                    # TEST-NET-1, routed nowhere: node<i> has 192.0.2.(10+i)
+CLUSTER_CIDR=198.51.100.0/24       # TEST-NET-2: the pods of all nodes
+POD_CIDR=198.51.100.0/25           # the bridge's pods on this node (node<i>: the i-th /25)
+WORKER_TAINT=nodeset.slinky.slurm.net/worker:NoExecute
 SVC_CIDR=203.0.113.0/24            # TEST-NET-3: service addresses (kube-proxy, nftables mode)
 SVC_IP=203.0.113.1                 # the `kubernetes` service
 DNS_IP=203.0.113.10                # the `kube-dns` service: CoreDNS, the pods' nameserver
@@ -48,7 +56,29 @@ NODE_PIVOT_HOOK='
   for n in '"$SYSCTLS"'; do
     f=/run/fakesysctl/$(echo "$n" | tr / .); cat "/proc/sys/$n" > "$f"; mount --bind "$f" "/proc/sys/$n"
   done'
-NODE_NET_HOOK="busybox ip addr add $NODE_IP/32 dev lo; busybox ip route add default dev lo"
+# (evaluated by the holder, with the node's NODE_IP in its environment)
+NODE_NET_HOOK='busybox ip addr add $NODE_IP/32 dev lo; busybox ip route add default dev lo'
+
+worker_vars() {  # worker_vars <i>: the globals of node<i> (i > 0), in a subshell of a step
+  local i=$1
+  NODE=node$i; NODE_IP=192.0.2.$((10 + i)); POD_CIDR=198.51.100.$((128 * i))/25
+  R=$TB/rootfs-$NODE; ST=$TB/state/$NODE; LOGS=$TB/logs/$NODE
+  CRI_SOCKET=$R/run/containerd/containerd.sock; NRI_SOCKET=$R/run/nri/nri.sock
+  CGROUP_PARENT=$CGROUP_PARENT-$NODE; MGTB_CGROUP_PARENT=$CGROUP_PARENT; KIND_AT=@$NODE
+  mkdir -p "$ST" "$LOGS"
+}
+workers() { seq 1 $((NODES - 1)); }   # the workers' indexes
+worker_roots() {  # each worker's root: a copy of the node root, as debootstrap left it (before up)
+  local i d t; t=$(date +%s%N)
+  for i in $(workers); do
+    d=$TB/rootfs-node$i
+    ! grep -q " $d[/ ]" /proc/self/mountinfo || fail "$d is still mounted (testbed.sh down first)"
+    rsync -aHx --delete --exclude=/var/lib/containerd --exclude=/var/lib/kubelet --exclude=/var/lib/etcd-mgtb \
+      --exclude=/var/log/pods --exclude=/var/log/containers --exclude=/etc/kubernetes --exclude=/opt/k8s \
+      --exclude=/var/lib/mgtb --exclude='/run/*' --exclude='/dev/*' "$R/" "$d/"
+  done
+  timing worker-roots "$(ms "$t") ms ($((NODES - 1)) of them)"
+}
 
 cluster_dev() {  # the node's own /dev: the host's basic devices and a GPU node's /dev/nvidia*
   mountpoint -q "$R/dev" && return 0
@@ -82,9 +112,21 @@ pki() {  # pki <dir>: CA, serving and client certificates, service-account key p
   cert "$P" controller-manager /CN=system:kube-controller-manager clientAuth
   cert "$P" scheduler /CN=system:kube-scheduler clientAuth
   cert "$P" kube-proxy /CN=system:kube-proxy clientAuth
-  cert "$P" kubelet "/O=system:nodes/CN=system:node:$NODE" clientAuth
-  cert "$P" kubelet-serving "/O=system:nodes/CN=system:node:$NODE" serverAuth "IP:$NODE_IP,DNS:$NODE"
-  rm -f "$P/ca.srl"
+  node_certs "$P"
+}
+
+node_certs() {  # node_certs <dir>: the kubelet's client and serving certificates of $NODE
+  cert "$1" kubelet "/O=system:nodes/CN=system:node:$NODE" clientAuth
+  cert "$1" kubelet-serving "/O=system:nodes/CN=system:node:$NODE" serverAuth "IP:$NODE_IP,DNS:$NODE"
+  rm -f "$1/ca.srl"
+}
+
+worker_pki() {  # worker_pki <dir>: a worker's: the CA's certificate, its kubelet's, kube-proxy's
+  local P=$1 P0=$TB/rootfs$KN/pki
+  rm -rf "$P"; mkdir -p "$P"
+  cp "$P0/ca.crt" "$P0/ca.key" "$P0/kube-proxy.crt" "$P0/kube-proxy.key" "$P/"
+  node_certs "$P"
+  rm -f "$P/ca.key"   # a worker signs nothing
 }
 
 cert() {  # cert <dir> <name> <subject> <extendedKeyUsage> [subjectAltName]: signed by <dir>/ca
@@ -108,7 +150,7 @@ apiVersion: v1
 kind: Config
 clusters:
 - name: mgtb
-  cluster: {server: "https://127.0.0.1:6443", certificate-authority-data: "$(base64 -w0 "$P/ca.crt")"}
+  cluster: {server: "https://$API_IP:6443", certificate-authority-data: "$(base64 -w0 "$P/ca.crt")"}
 users:
 - name: $2
   user: $user
@@ -136,10 +178,14 @@ EOF
   # answers the cluster's names and forwards nothing
   echo "nameserver 127.0.0.1" > "$R$KN/resolv.conf"
   host_sysctls > "$ST/host-sysctls"    # the isolation step checks that the host keeps them
-  pki "$R$KN/pki"
-  kubeconfig "$R$KN/admin.kubeconfig" admin
-  kubeconfig "$R$KN/controller-manager.kubeconfig" controller-manager
-  kubeconfig "$R$KN/scheduler.kubeconfig" scheduler
+  if [ "$NODE" = node0 ]; then
+    pki "$R$KN/pki"
+    kubeconfig "$R$KN/admin.kubeconfig" admin
+    kubeconfig "$R$KN/controller-manager.kubeconfig" controller-manager
+    kubeconfig "$R$KN/scheduler.kubeconfig" scheduler
+  else
+    worker_pki "$R$KN/pki"
+  fi
   kubeconfig "$R$KN/kubelet.kubeconfig" kubelet
   kubeconfig "$R$KN/kube-proxy.kubeconfig" kube-proxy
   cat > "$R$KN/kube-proxy.yaml" <<EOF
@@ -148,7 +194,7 @@ kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $KN/kube-proxy.kubeconfig}
 hostnameOverride: $NODE
 mode: nftables
-clusterCIDR: $POD_CIDR
+clusterCIDR: $CLUSTER_CIDR
 # a pod reaching a service whose endpoint is on the same bridge: without br_netfilter (a host-wide
 # module) the reply would bypass the node's NAT; masquerading every service connection avoids that
 nftables: {masqueradeAll: true}
@@ -190,6 +236,7 @@ authorization: {mode: Webhook}
 resolvConf: $KN/resolv.conf
 clusterDomain: cluster.local
 clusterDNS: [$DNS_IP]
+$([ "$NODE" = node0 ] || echo "registerWithTaints: [{key: ${WORKER_TAINT%:*}, effect: ${WORKER_TAINT#*:}}]")
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 # images are imported, never pulled: never collect them
 imageGCHighThresholdPercent: 100
@@ -242,6 +289,12 @@ control_plane_up() {
 
 node_registered() { kc get node "$NODE" > /dev/null; }
 
+node_daemons() {  # kube-proxy and the kubelet of this node
+  cgroup_root_ready
+  spawn kube-proxy "$LOGS/kube-proxy.log" /opt/k8s/kube-proxy --config=$KN/kube-proxy.yaml -v=1
+  spawn_kubelet
+}
+
 spawn_kubelet() {
   spawn kubelet "$LOGS/kubelet.log" /opt/k8s/kubelet --config=$KN/kubelet.yaml --kubeconfig=$KN/kubelet.kubeconfig \
     --hostname-override="$NODE" --node-ip="$NODE_IP" --root-dir=/var/lib/kubelet -v=2
@@ -258,9 +311,7 @@ kubelet_up() {
   spawn kube-scheduler "$LOGS/kube-scheduler.log" /opt/k8s/kube-scheduler --kubeconfig=$KN/scheduler.kubeconfig \
     --authentication-kubeconfig=$KN/scheduler.kubeconfig --authorization-kubeconfig=$KN/scheduler.kubeconfig \
     --bind-address=127.0.0.1 --leader-elect=false --profiling=false -v=1
-  cgroup_root_ready
-  spawn kube-proxy "$LOGS/kube-proxy.log" /opt/k8s/kube-proxy --config=$KN/kube-proxy.yaml -v=1
-  spawn_kubelet
+  node_daemons
   wait_for 120 "node $NODE registered" node_registered || { grep -E '^E|rror' "$LOGS/kubelet.log" | tail -20; exit 1; }
   timing node-registered "$(ms "$t") ms"
 }
@@ -274,9 +325,29 @@ cluster_dns_up() {  # CoreDNS behind the kube-dns service (node/coredns.yaml), r
   timing dns-ready "$(ms "$t") ms"
 }
 
+nodes_link() {  # a veth between node0 and this worker, routes to each other's address and pods
+  local p0 p; p0=$(cat "$TB/state/node.pid"); p=$(nodepid)
+  ip link add "$NODE" netns "$p0" type veth peer name node0 netns "$p"
+  nsenter -t "$p0" -n -- sh -c "ip link set $NODE up && ip route add $NODE_IP/32 dev $NODE &&
+    ip route add $POD_CIDR via $NODE_IP dev $NODE && sysctl -qw net.ipv4.ip_forward=1"
+  nsenter -t "$p" -n -- sh -c "ip link set node0 up && ip route add $API_IP/32 dev node0 &&
+    ip route add 192.0.2.0/24 via $API_IP dev node0 && ip route add $CLUSTER_CIDR via $API_IP dev node0 &&
+    sysctl -qw net.ipv4.ip_forward=1"
+}
+
+workers_up() {  # each worker: its namespaces, containerd and images, the link, kube-proxy and kubelet; registered
+  local i t; t=$(date +%s%N)
+  for i in $(workers); do
+    ( worker_vars "$i"; phase_up; nodes_link; node_daemons
+      wait_for 120 "node $NODE registered" node_registered || { grep -E '^E|rror' "$LOGS/kubelet.log" | tail -20; exit 1; } )
+  done
+  timing workers-registered "$(ms "$t") ms ($((NODES - 1)) of them)"
+}
+
 cluster_up() {
   step control-plane control_plane_up
   if [ $FAILED = 0 ]; then step kubelet kubelet_up; fi
+  if [ $FAILED = 0 ] && [ "$NODES" -gt 1 ]; then step workers workers_up; fi
   if [ $FAILED = 0 ]; then step cluster-dns cluster_dns_up; fi
 }
 
@@ -310,6 +381,7 @@ run_cluster_scenarios() {
   sstep node-ready rust_scenario node-ready
   sstep pod-daemonset-exec rust_scenario pod-daemonset-exec
   sstep services-dns rust_scenario services-dns
+  if [ "$NODES" -gt 1 ]; then sstep two-nodes rust_scenario two-nodes; else echo "two-nodes: left out (NODES=1)"; fi
   sstep crd-admission-policy rust_scenario crd-admission-policy
   sstep helm rust_scenario helm
   sstep chart-dry-run rust_scenario chart-dry-run

@@ -29,7 +29,8 @@
 #      CRI_BIN, AGENT_BIN, CONTROLLER_BIN (built binaries, default target/release; the agent
 #      carries the shim),
 #      AGENT_ARGS (extra `serve` flags), LAT_N (20), AGENT_RESTART_PAUSE (0 s),
-#      STEPS (a subset of the `all` steps, in order), SCENARIOS (a subset of the scenario steps).
+#      STEPS (a subset of the `all` steps, in order), SCENARIOS (a subset of the scenario steps),
+#      NODES (cluster mode: 1, or node0 and NODES-1 workers; cluster.sh).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -101,13 +102,16 @@ cgroup_dirs() { local d; for d in /sys/fs/cgroup"$CGROUP_PARENT" /sys/fs/cgroup/
 # reuse; a zombie counts as gone
 # shellcheck disable=SC2086 # split the stat fields
 pstart() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; s=${s##*) }; set -- $s; [ "$1" = Z ] || echo "${20}"; }
-track()  { local st; st=$(pstart "$2"); echo "$1 $2 ${st:--}" >> "$PIDS"; }
+# a worker's processes are of kinds "<kind>@<node>" (KIND_AT, cluster.sh worker_vars): its
+# kubelet is not the one a scenario restarts
+track()  { local st; st=$(pstart "$2"); echo "$1${KIND_AT:-} $2 ${st:--}" >> "$PIDS"; }
 ours()   { [ -n "${2:-}" ] && [ "$(pstart "$1")" = "$2" ]; }
 alive()  { [ -n "$(pstart "$1")" ]; }
 gone()   { ! alive "$1"; }
 stop_kinds() {  # stop_kinds SIG <kind>...: signal our live processes of those kinds, wait <= 10 s
   local sig=$1 k p st ps=(); shift
   for k in "$@"; do
+    k=$k${KIND_AT:-}
     while read -r p st; do ours "$p" "$st" && kill "-$sig" "$p" 2>/dev/null && ps+=("$p $st"); done < <(awk -v k="$k" '$1==k{print $2, $3}' "$PIDS")
     awk -v k="$k" '$1!=k' "$PIDS" > "$PIDS.tmp"; mv -f "$PIDS.tmp" "$PIDS"
   done
@@ -320,11 +324,12 @@ phase_up() {
     build_product_images
     ln -f "$TB/images/product.tar" "$R/var/lib/mgtb/product.tar" 2>/dev/null || cp -f "$TB/images/product.tar" "$R/var/lib/mgtb/product.tar"
   fi
+  if [ "$CLUSTER" = 1 ] && [ "$NODE" = node0 ] && [ "$NODES" -gt 1 ]; then worker_roots; fi
   do_mount; write_configs
   mkdir -p "$R/.oldroot"; rm -f "$R/run/node.pid"
   log "up: node namespaces (mount: pivot_root into $R; network: loopback only)"
   # the holder keeps both namespaces alive across containerd restarts; it is PID 'node' in $PIDS
-  setsid unshare --mount --net --propagation slave --fork -- /bin/bash -c '
+  NODE_IP=${NODE_IP:-} setsid unshare --mount --net --propagation slave --fork -- /bin/bash -c '
     set -e; cd "$0"; pivot_root . .oldroot; cd /
     eval "$1"
     umount -l /.oldroot
@@ -349,7 +354,7 @@ phase_up() {
   for img in $want; do
     grep -qx "localhost/$img:1" <<< "$imgs" || fail "image localhost/$img:1 not imported"
   done
-  print_env > "$TB/env.sh"
+  [ "$NODE" != node0 ] || print_env > "$TB/env.sh"
   timing testbed-up "$(ms "$t") ms (containerd pid $(cat "$ST/containerd.pid"), node pid $(nodepid))"
 }
 
@@ -361,7 +366,7 @@ export CRI_SOCKET='$CRI_SOCKET' NRI_SOCKET='$NRI_SOCKET' CRI_BIN='$CRI_BIN'
 EOF
   if [ "$CLUSTER" = 1 ]; then
     cat <<EOF
-# the API server listens on 127.0.0.1:6443 in the node's network namespace:
+# the API server listens on the node's addresses (6443), which only its network namespace has:
 #   nsenter -t \$NODE_PID -n -- \$K8S_BIN/kubectl get nodes
 export KUBECONFIG='$KCFG' K8S_BIN='$K8S_BIN'
 EOF
@@ -374,12 +379,23 @@ EOF
 phase_down() {
   set +e; trap - ERR
   log "down"
-  if [ "$CLUSTER" = 1 ]; then cluster_down; fi
-  if [ -S "$CRI_SOCKET" ] && [ -x "$CRI_BIN" ]; then timeout 60 "$CRI_BIN" --socket "$CRI_SOCKET" down > /dev/null 2>&1; fi
-  stop_kinds TERM agent mute slurmrestd munged slurmctld
-  stop_kinds TERM containerd
-  # container processes and shims left behind (containerd gone before removal): by cgroup and by
-  # the node's mount namespace, both ours alone
+  if [ "$CLUSTER" = 1 ]; then each_node cluster_down; fi
+  each_node node_cri_down
+  each_node stop_kinds TERM agent mute slurmrestd munged slurmctld
+  each_node stop_kinds TERM containerd
+  each_node node_kill
+  each_node stop_kinds TERM node unshare
+  each_node node_unmount
+  umount_under "$TB/rootfs.new"; rm -f "$TB/env.sh"
+  log "down: done ($(each_node leftovers | sort -u | paste -sd ' '))"
+  set -e
+}
+# each_node <function>: for each worker a run left (cluster mode: state/node<i>), in its
+# globals, then for the node
+each_node() { local d; for d in "$TB"/state/node[1-9]*; do [ -d "$d" ] && ( worker_vars "${d##*/node}"; "$@" ); done; "$@"; }
+node_cri_down() { if [ -S "$CRI_SOCKET" ] && [ -x "$CRI_BIN" ]; then timeout 60 "$CRI_BIN" --socket "$CRI_SOCKET" down > /dev/null 2>&1; fi; }
+node_kill() {  # container processes and shims left behind (containerd gone before removal): by
+  # cgroup and by the node's mount namespace, both ours alone
   local p ns np; ns=$(cat "$ST/node.mntns" 2>/dev/null); np=$(nodepid)
   for p in $(cgroup_dirs | while read -r d; do find "$d" -name cgroup.procs -exec cat {} +; done | sort -u); do kill -9 "$p" 2>/dev/null; done
   if [ -n "$ns" ]; then
@@ -388,17 +404,14 @@ phase_down() {
       [ "$(readlink "/proc/$p/ns/mnt" 2>/dev/null)" = "$ns" ] && kill -9 "$p" 2>/dev/null
     done
   fi
-  stop_kinds TERM node unshare
-  # FUSE mounts first (a dead server would hang umount -R), then everything under $R
+}
+node_unmount() {  # FUSE mounts first (a dead server would hang umount -R), then everything under $R
   grep -E " fuse[^ ]* " /proc/self/mountinfo | awk '{print $5}' | grep "^$R/" | sort -r | while read -r m; do umount -l "$m"; done
   if mountpoint -q "$R"; then umount -R "$R" || umount -R -l "$R"; fi
-  umount_under "$R"; umount_under "$TB/rootfs.new"
+  umount_under "$R"
   for d in $(cgroup_dirs); do find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null; done
-  rm -f "$ST"/*.pid "$ST/node.mntns" "$TB/env.sh"
-  local left; left=$(leftovers)
-  [ "$left" != "nothing left" ] || touch "$ST/clean"
-  log "down: done ($left)"
-  set -e
+  rm -f "$ST"/*.pid "$ST/node.mntns"
+  [ "$(leftovers)" != "nothing left" ] || touch "$ST/clean"
 }
 
 leftovers() {  # what teardown left behind, in words ("nothing left" when clean)

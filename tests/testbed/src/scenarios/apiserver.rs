@@ -477,10 +477,10 @@ fn cgroup_pids(dir: &Path, pids: &mut BTreeSet<String>) {
 }
 
 /// (cluster mode's `isolation` step) Nothing reaches out of the node (its links are `lo`, the pod
-/// bridge `cni0` and veths on it), nothing of the node or its pods is in the host's network
+/// bridge `cni0` and veths on it, and a veth to each other node of the test bed), nothing of the node or its pods is in the host's network
 /// namespace, the kubelet's sysctl writes stayed in the node, nothing was pulled.
 pub async fn cluster_isolation(bed: &Bed) -> Result<()> {
-    let links = bed.in_node(&["busybox", "ip", "-o", "link", "show"])?;
+    let links = bed.in_node(&["ip", "-o", "link", "show"])?;
     let mut names = Vec::new();
     let mut bad = Vec::new();
     for line in links.lines() {
@@ -499,12 +499,22 @@ pub async fn cluster_isolation(bed: &Bed) -> Result<()> {
                     bad.push(format!("{veth} (no master cni0)"));
                 }
             }
+            // the link to another node of the test bed (cluster.sh `nodes_link`), named after
+            // it: a veth whose peer is in that node's network namespace
+            peer if peer
+                .strip_prefix("node")
+                .is_some_and(|i| i.parse::<u32>().is_ok()) =>
+            {
+                if !line.contains("link-netns") {
+                    bad.push(format!("{peer} (its peer is not in another namespace)"));
+                }
+            }
             other => bad.push(other.to_owned()),
         }
     }
     ensure!(
         bad.is_empty(),
-        "the node's network namespace has links other than lo and the pod bridge: {bad:?} \
+        "the node's network namespace has links other than lo, the pod bridge and the other nodes: {bad:?} \
          (all: {names:?})"
     );
     // every process of the node (its mount namespace, its pods' cgroups) is outside the host's

@@ -289,11 +289,17 @@ async fn ctl_gpunode(client: &Client, profile: &str, gpus: u32, model: &str) -> 
 }
 
 /// Whether an event of `reason` about our Node / GpuNode is in `default`.
-async fn ctl_event(client: &Client, reason: &str) -> Result<bool> {
+async fn ctl_event(client: &Client, reason: &str) -> Result<()> {
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     let lp =
         ListParams::default().fields(&format!("involvedObject.name={CTL_NODE},reason={reason}"));
-    Ok(!events.list(&lp).await?.items.is_empty())
+    // the controller records its events after the change they describe, and asynchronously
+    wait_for(
+        10,
+        &format!("a {reason} event on node {CTL_NODE}"),
+        || async { events.list(&lp).await.is_ok_and(|l| !l.items.is_empty()) },
+    )
+    .await
 }
 
 /// The tails of the replicas' logs, for a failure.
@@ -557,10 +563,7 @@ pub async fn controller_labels(bed: &Bed) -> Result<()> {
         drifted == "False" && missing == "False",
         "Drifted '{drifted}', InjectionMissing '{missing}'"
     );
-    ensure!(
-        ctl_event(&client, "LabelsApplied").await?,
-        "no LabelsApplied event on GpuNode {CTL_NODE}"
-    );
+    ctl_event(&client, "LabelsApplied").await?;
     ensure!(
         bed.logged_since(
             &format!("controller-{leader}.log"),
@@ -612,10 +615,7 @@ pub async fn controller_stale(bed: &Bed) -> Result<()> {
             ms(t)
         ),
     );
-    ensure!(
-        ctl_event(&client, "HeartbeatLost").await?,
-        "no HeartbeatLost event"
-    );
+    ctl_event(&client, "HeartbeatLost").await?;
     let missing = ctl_cond(&client, "InjectionMissing").await;
     ensure!(
         missing == "Unknown",
@@ -808,14 +808,7 @@ pub async fn controller_gpunode_deleted(bed: &Bed) -> Result<()> {
     }
     let host = label(Some(&node), "kubernetes.io/hostname");
     ensure!(host == CTL_NODE, "the node's own label is gone ('{host}')");
-    // (the controller records the event after its patch of the labels: it may come a moment
-    // after them)
-    wait_for(
-        10,
-        &format!("a LabelsRemoved event on node {CTL_NODE}"),
-        || async { ctl_event(&client, "LabelsRemoved").await.unwrap_or(false) },
-    )
-    .await?;
+    ctl_event(&client, "LabelsRemoved").await?;
     bed.stop(Signal::SIGTERM, &["controller-ctl-a", "controller-ctl-b"])
         .await?;
     let h = ctl_holder(&client).await;

@@ -1,15 +1,15 @@
 //! Services and DNS: kube-proxy (nftables mode) and CoreDNS behind the `kube-dns` service, as a
 //! pod on the pod network and one on the host's network (`ClusterFirstWithHostNet`) see them.
 
-use anyhow::{Result, ensure};
-use k8s_openapi::api::core::v1::Pod;
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::wait::conditions;
 use serde_json::json;
 
-use crate::bed::Bed;
-use crate::cluster::{client, default_account, kubectl_exec, sleeper, wait_object};
+use crate::bed::{Bed, wait_for};
+use crate::cluster::{client, default_account, kubectl_exec, node_condition, sleeper, wait_object};
 
 /// The `kubernetes` service's address (the first of the service range).
 const API_SVC_IP: &str = "203.0.113.1";
@@ -92,6 +92,124 @@ pub async fn services_dns(bed: &Bed) -> Result<()> {
         "  kubernetes.default -> {API_SVC_IP}, kube-dns.kube-system -> {DNS_SVC_IP}, /version {version}"
     );
     for pod in ["dns-podnet", "dns-hostnet"] {
+        pods.delete(pod, &DeleteParams::default()).await?;
+    }
+    Ok(())
+}
+
+/// The test bed's second node (`NODES=2`), a worker.
+const WORKER: &str = "node1";
+/// The taint workers register with (Slinky's, which its slurmd pods tolerate).
+const WORKER_TAINT_KEY: &str = "nodeset.slinky.slurm.net/worker";
+/// node1's pod range is 198.51.100.128/25 (cluster.sh `worker_vars`).
+const WORKER_POD_RANGE: &str = "198.51.100.1";
+
+/// (two nodes) node1 joined Ready with Slinky's worker taint; a pod there (tolerating it) is on
+/// node1's pod range, resolves and reaches the API server through the services; a pod on node0
+/// reaches it across the link, by its IP and through a Service's DNS name.
+pub async fn two_nodes(bed: &Bed) -> Result<()> {
+    let client = client().await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let worker = wait_object(
+        &nodes,
+        WORKER,
+        120,
+        "node1 to be Ready",
+        node_condition("Ready", "True"),
+    )
+    .await?;
+    let taints = worker.spec.and_then(|s| s.taints).unwrap_or_default();
+    ensure!(
+        taints
+            .iter()
+            .any(|t| t.key == WORKER_TAINT_KEY && t.effect == "NoExecute"),
+        "node1's taints {taints:?} lack {WORKER_TAINT_KEY}:NoExecute"
+    );
+    default_account(&client, "default").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let services: Api<Service> = Api::namespaced(client, "default");
+    let web: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-node1", "namespace": "default", "labels": {"app": "web-node1"}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": WORKER},
+            "tolerations": [{"key": WORKER_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
+                "command": ["busybox", "httpd", "-f", "-p", "8080", "-h", "/etc"]}]
+        }
+    }))?;
+    let svc: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web-node1", "namespace": "default"},
+        "spec": {"selector": {"app": "web-node1"}, "ports": [{"port": 80, "targetPort": 8080}]}
+    }))?;
+    let client_pod = sleeper("web-client", "default", "localhost/busybox:1", json!({}))?;
+    pods.create(&PostParams::default(), &web).await?;
+    pods.create(&PostParams::default(), &client_pod).await?;
+    services.create(&PostParams::default(), &svc).await?;
+    let web = wait_object(
+        &pods,
+        "web-node1",
+        120,
+        "web-node1 running",
+        conditions::is_pod_running(),
+    )
+    .await?;
+    let ip = web.status.and_then(|s| s.pod_ip).unwrap_or_default();
+    let on = web.spec.and_then(|s| s.node_name).unwrap_or_default();
+    ensure!(
+        on == WORKER
+            && ip.starts_with(WORKER_POD_RANGE)
+            && ip
+                .rsplit('.')
+                .next()
+                .and_then(|o| o.parse::<u8>().ok())
+                .is_some_and(|o| o >= 128),
+        "web-node1 runs on {on:?} with IP {ip:?}, want node1 and 198.51.100.128/25"
+    );
+    let client_pod = wait_object(
+        &pods,
+        "web-client",
+        120,
+        "web-client running",
+        conditions::is_pod_running(),
+    )
+    .await?;
+    let client_on = client_pod
+        .spec
+        .and_then(|s| s.node_name)
+        .unwrap_or_default();
+    ensure!(
+        client_on == "node0",
+        "web-client (no toleration) runs on {client_on:?}, want node0"
+    );
+    // across the link: by pod IP, and by the Service's name (CoreDNS on node0, kube-proxy)
+    for url in [
+        format!("http://{ip}:8080/hostname"),
+        "http://web-node1.default.svc.cluster.local/hostname".into(),
+    ] {
+        let mut got = (String::new(), -1);
+        wait_for(30, &format!("{url} from node0's pod"), || {
+            got = kubectl_exec("default", "web-client", &["wget", "-qO-", "-T", "5", &url])
+                .unwrap_or_default();
+            let ok = got.1 == 0 && got.0.trim() == "web-node1";
+            async move { ok }
+        })
+        .await
+        .with_context(|| format!("last answer: exit {}, {:?}", got.1, got.0))?;
+    }
+    bed.timing(
+        "two-nodes",
+        &format!("web-node1 {ip} on node1 reached from node0"),
+    );
+    println!(
+        "  node1 Ready with {WORKER_TAINT_KEY}:NoExecute; web-node1 {ip} on node1 answers node0's pod by IP and by service name"
+    );
+    services
+        .delete("web-node1", &DeleteParams::default())
+        .await?;
+    for pod in ["web-node1", "web-client"] {
         pods.delete(pod, &DeleteParams::default()).await?;
     }
     Ok(())
