@@ -37,9 +37,9 @@ const CHART_NS: &str = "mockgpu-system";
 const AGENT_DS: &str = "mockgpu-agent-default";
 /// The agent's service account.
 const AGENT_SA: &str = "mockgpu-agent";
-/// What the test bed adds to the README's install: its own images, and the API server on the
-/// node's loopback (there is no kube-proxy to answer the `kubernetes` service's address).
-const TB_VALUES: [&str; 32] = [
+/// What the test bed adds to the README's install: its own images (the pods reach the API server
+/// through the `kubernetes` service, as in any cluster), and one controller replica.
+const TB_VALUES: [&str; 14] = [
     "--set",
     "agent.image.repository=localhost/mockgpu-agent",
     "--set-string",
@@ -53,25 +53,7 @@ const TB_VALUES: [&str; 32] = [
     "--set",
     "controller.image.pullPolicy=Never",
     "--set",
-    "controller.hostNetwork=true",
-    "--set",
     "controller.replicas=1",
-    "--set",
-    "agent.extraEnv[0].name=KUBERNETES_SERVICE_HOST",
-    "--set-string",
-    "agent.extraEnv[0].value=127.0.0.1",
-    "--set",
-    "agent.extraEnv[1].name=KUBERNETES_SERVICE_PORT",
-    "--set-string",
-    "agent.extraEnv[1].value=6443",
-    "--set",
-    "controller.extraEnv[0].name=KUBERNETES_SERVICE_HOST",
-    "--set-string",
-    "controller.extraEnv[0].value=127.0.0.1",
-    "--set",
-    "controller.extraEnv[1].name=KUBERNETES_SERVICE_PORT",
-    "--set-string",
-    "controller.extraEnv[1].value=6443",
 ];
 /// The labels the chart's controller sets (and `helm uninstall` removes).
 const CHART_LABELS: [&str; 5] = [
