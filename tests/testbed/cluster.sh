@@ -9,11 +9,11 @@
 
 K8S_BIN=${K8S_BIN:-$("$REPO/tests/build-k8s.sh" --print-dir)}
 KUBECTL=${KUBECTL:-$K8S_BIN/kubectl}
-# NODES nodes: node0 runs the control plane and is the test bed's node (its root $R); node<i>
+# NODES (2) nodes: node0 runs the control plane and is the test bed's node (its root $R); node<i>
 # (worker_vars) has a root, state and logs of its own under $TB, the same images, and a veth link
 # to node0 (nodes_link). Workers register with Slinky's worker taint, so that only pods that
 # tolerate it (the chart's DaemonSets, Slinky's slurmd) land there.
-NODES=${NODES:-1}
+NODES=${NODES:-2}
 API_IP=192.0.2.10                  # node0's address: the API server, for every node
 NODE_IP=$API_IP                    # TEST-NET-1, routed nowhere: node<i> has 192.0.2.(10+i)
 CLUSTER_CIDR=198.51.100.0/24       # TEST-NET-2: the pods of all nodes

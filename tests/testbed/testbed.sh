@@ -30,7 +30,7 @@
 #      carries the shim),
 #      AGENT_ARGS (extra `serve` flags), LAT_N (20), AGENT_RESTART_PAUSE (0 s),
 #      STEPS (a subset of the `all` steps, in order), SCENARIOS (a subset of the scenario steps),
-#      NODES (cluster mode: 1, or node0 and NODES-1 workers; cluster.sh).
+#      NODES (cluster mode: node0 and NODES-1 workers, default 2; cluster.sh).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
