@@ -73,7 +73,9 @@ pub async fn gpu_pod_injected(bed: &Bed) -> Result<()> {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "gpu-0", "namespace": GPU_NS},
         "spec": {
-            "hostNetwork": true,
+            // `sleep` as PID 1 ignores SIGTERM: without this the namespace's deletion (waited
+            // for by gpunode-setup) waits out the default 30 s
+            "hostNetwork": true, "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "slurmd", "image": "localhost/slurmd:1", "imagePullPolicy": "Never",
                 "command": ["/bin/sleep", "infinity"], "securityContext": {"privileged": true},
                 "volumeMounts": [{"name": "slurm", "mountPath": "/etc/slurm", "readOnly": true}]}],
