@@ -211,14 +211,29 @@ async fn vap_down(client: &Client) -> Result<()> {
     }
 }
 
+/// The name of the chart's agent pod on `node` (the DaemonSet runs one on every node).
+async fn agent_pod(client: &Client, node: &str) -> Result<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), CHART_NS);
+    let on = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let prefix = format!("{AGENT_DS}-");
+    pods.list(&on)
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .find(|n| n.starts_with(&prefix))
+        .with_context(|| format!("no pod of DaemonSet {AGENT_DS} on node {node}"))
+}
+
 /// The admission policy with real service-account tokens of the agent: the agent pod's own (bound
 /// to it, so to this node), one bound to a pod on another node, and one bound to nothing.
 async fn admission_policy(bed: &Bed, client: &Client) -> Result<()> {
+    let agent = agent_pod(client, NODE).await?;
     let own = kubectl(&[
         "-n",
         CHART_NS,
         "exec",
-        &format!("ds/{AGENT_DS}"),
+        &agent,
         "-c",
         "agent",
         "--",
