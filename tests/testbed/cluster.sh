@@ -260,8 +260,15 @@ cgroup_root_ready() {  # the kubelet wants its cgroupRoot to exist in every hier
   done
 }
 
-spawn_apiserver() {  # (control_plane_up; the API server restart step)
-  local P=$KN/pki
+control_plane_up() {
+  local t t0 P=$KN/pki; t=$(date +%s%N); t0=$t
+  spawn etcd "$LOGS/etcd.log" etcd --name node0 --data-dir /var/lib/etcd-mgtb --unsafe-no-fsync \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster node0=http://127.0.0.1:2380
+  wait_for 30 "etcd healthy" etcd_healthy || { tail -20 "$LOGS/etcd.log"; exit 1; }
+  timing etcd-ready "$(ms "$t") ms"; t=$(date +%s%N)
+  # (controller-apiserver-restart starts it again with the command line it runs with: Bed::cmdline_of)
   spawn kube-apiserver "$LOGS/kube-apiserver.log" /opt/k8s/kube-apiserver --etcd-servers=http://127.0.0.1:2379 \
     --bind-address=0.0.0.0 --secure-port=6443 --advertise-address="$NODE_IP" \
     --service-cluster-ip-range="$SVC_CIDR" --service-account-issuer=https://kubernetes.default.svc.cluster.local \
@@ -271,17 +278,6 @@ spawn_apiserver() {  # (control_plane_up; the API server restart step)
     --kubelet-preferred-address-types=InternalIP --kubelet-certificate-authority=$P/ca.crt \
     --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction --allow-privileged=true \
     --profiling=false -v=1
-}
-
-control_plane_up() {
-  local t t0; t=$(date +%s%N); t0=$t
-  spawn etcd "$LOGS/etcd.log" etcd --name node0 --data-dir /var/lib/etcd-mgtb --unsafe-no-fsync \
-    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
-    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-    --initial-cluster node0=http://127.0.0.1:2380
-  wait_for 30 "etcd healthy" etcd_healthy || { tail -20 "$LOGS/etcd.log"; exit 1; }
-  timing etcd-ready "$(ms "$t") ms"; t=$(date +%s%N)
-  spawn_apiserver
   wait_for 120 "kube-apiserver /readyz" api_ready || { tail -30 "$LOGS/kube-apiserver.log"; exit 1; }
   timing apiserver-ready "$(ms "$t") ms (etcd + apiserver $(ms "$t0") ms)"
   echo "  /readyz from the host: $(kc get --raw /readyz)"
@@ -289,13 +285,9 @@ control_plane_up() {
 
 node_registered() { kc get node "$NODE" > /dev/null; }
 
-node_daemons() {  # kube-proxy and the kubelet of this node
+node_daemons() {  # kube-proxy and the kubelet of this node (dp-kubelet-restart starts it again as it runs)
   cgroup_root_ready
   spawn kube-proxy "$LOGS/kube-proxy.log" /opt/k8s/kube-proxy --config=$KN/kube-proxy.yaml -v=1
-  spawn_kubelet
-}
-
-spawn_kubelet() {
   spawn kubelet "$LOGS/kubelet.log" /opt/k8s/kubelet --config=$KN/kubelet.yaml --kubeconfig=$KN/kubelet.kubeconfig \
     --hostname-override="$NODE" --node-ip="$NODE_IP" --root-dir=/var/lib/kubelet -v=2
 }

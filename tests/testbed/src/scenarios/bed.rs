@@ -143,6 +143,27 @@ impl Bed {
         Ok(pid)
     }
 
+    /// The command line of the running daemon of `kind` the test bed started, to start it again
+    /// as it was (its arguments stay where they were written: `cluster.sh`, `testbed.sh`).
+    pub fn cmdline_of(&self, kind: &str) -> Result<Vec<String>> {
+        let list =
+            std::fs::read_to_string(&self.pids).with_context(|| self.pids.display().to_string())?;
+        for l in list.lines() {
+            if let [k, pid, start] = l.split(' ').collect::<Vec<_>>()[..]
+                && k == kind
+                && start_time(pid.parse()?).as_deref() == Some(start)
+            {
+                let raw = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+                return Ok(raw
+                    .split(|b| *b == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect());
+            }
+        }
+        bail!("no running {kind} in {}", self.pids.display())
+    }
+
     /// Keeps a daemon the test bed started in the PID list under `kind`, with its start time.
     pub fn track(&self, kind: &str, pid: u32) -> Result<()> {
         let start = start_time(pid).with_context(|| format!("{kind} (pid {pid}) ended at once"))?;

@@ -11,7 +11,7 @@ use std::fs::OpenOptions;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node};
@@ -23,7 +23,7 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::bed::{Bed, start_time, wait_for};
+use crate::bed::{Bed, wait_for};
 use crate::cluster::{
     GPU_NS, NODE, TB_MANAGER, account_token, apply_crd, chart_rbac, client, label,
     token_kubeconfig, wait_object,
@@ -697,33 +697,6 @@ pub async fn controller_failover(bed: &Bed) -> Result<()> {
     Ok(())
 }
 
-/// The running API server's command line (from the PID list and /proc), to start it again the
-/// same way (`spawn_apiserver` of cluster.sh).
-fn apiserver_args() -> Result<Vec<String>> {
-    let pids = std::path::PathBuf::from(env("TB")?).join("pids.txt");
-    let list = std::fs::read_to_string(&pids).with_context(|| pids.display().to_string())?;
-    for l in list.lines() {
-        let f: Vec<&str> = l.split(' ').collect();
-        if let [kind, pid, start] = f[..]
-            && kind == "kube-apiserver"
-            && start_time(pid.parse()?).as_deref() == Some(start)
-        {
-            let raw = std::fs::read(format!("/proc/{pid}/cmdline"))?;
-            let args: Vec<String> = raw
-                .split(|b| *b == 0)
-                .filter(|s| !s.is_empty())
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect();
-            ensure!(
-                args.first().is_some_and(|a| a.ends_with("kube-apiserver")),
-                "pid {pid} of kind kube-apiserver runs {args:?}"
-            );
-            return Ok(args);
-        }
-    }
-    bail!("no running kube-apiserver in {}", pids.display())
-}
-
 /// Whether the API server's /readyz answers ok.
 async fn api_ready(client: &Client) -> bool {
     let Ok(req) = http::Request::get("/readyz").body(Vec::new()) else {
@@ -734,7 +707,7 @@ async fn api_ready(client: &Client) -> bool {
 
 /// The watches survive a restarted API server.
 pub async fn controller_apiserver_restart(bed: &Bed) -> Result<()> {
-    let args = apiserver_args()?;
+    let args = bed.cmdline_of("kube-apiserver")?;
     let t = Instant::now();
     // (as cluster.sh's stop_kinds: up to 10 s for it to end; it stops listening at once but may
     // drain its watches' connections for up to a minute, beside its successor)

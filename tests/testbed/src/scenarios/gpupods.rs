@@ -197,21 +197,11 @@ pub async fn dp_pod_2_gpus(bed: &Bed) -> Result<()> {
     Ok(())
 }
 
-/// The kubelet's arguments in the node (as `cluster.sh`'s `spawn_kubelet`).
-const KUBELET: [&str; 7] = [
-    "/opt/k8s/kubelet",
-    "--config=/etc/kubernetes/kubelet.yaml",
-    "--kubeconfig=/etc/kubernetes/kubelet.kubeconfig",
-    "--hostname-override=node0",
-    "--node-ip=192.0.2.10",
-    "--root-dir=/var/lib/kubelet",
-    "-v=2",
-];
-
 /// A restarted kubelet: the agent's plugin registers again by itself, the GPUs are allocatable
 /// again, and a new pod with a GPU runs.
 pub async fn dp_kubelet_restart(bed: &Bed) -> Result<()> {
     let (agent_from, kubelet_from) = (bed.log_lines("agent.log"), bed.log_lines("kubelet.log"));
+    let args = bed.cmdline_of("kubelet")?;
     let t = Instant::now();
     bed.stop(nix::sys::signal::Signal::SIGTERM, &["kubelet"])
         .await?;
@@ -220,7 +210,8 @@ pub async fn dp_kubelet_restart(bed: &Bed) -> Result<()> {
         &format!("{} ms", t.elapsed().as_millis()),
     );
     let t = Instant::now();
-    bed.spawn("kubelet", "kubelet.log", &KUBELET)?;
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    bed.spawn("kubelet", "kubelet.log", &argv)?;
     wait_for(
         60,
         "the agent to register with the restarted kubelet",
