@@ -162,6 +162,11 @@ EOF
   chmod 600 "$1"
 }
 
+brnf() {  # whether bridged IPv4 goes through the node's nftables (br_netfilter; new network
+  # namespaces start with bridge-nf-call-iptables=1 where the kernel has it)
+  [ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2> /dev/null)" = 1 ]
+}
+
 cluster_configs() {  # (write_configs, cluster mode) containerd with CNI, kubelet, PKI, kubeconfigs
   [ -x "$K8S_BIN/kube-apiserver" ] || fail "no Kubernetes binaries in $K8S_BIN (run tests/build-k8s.sh)"
   mkdir -p "$R/opt/k8s" "$R$KN" "$R/etc/cni/net.d"
@@ -195,9 +200,12 @@ clientConnection: {kubeconfig: $KN/kube-proxy.kubeconfig}
 hostnameOverride: $NODE
 mode: nftables
 clusterCIDR: $CLUSTER_CIDR
-# a pod reaching a service whose endpoint is on the same bridge: without br_netfilter (a host-wide
-# module) the reply would bypass the node's NAT; masquerading every service connection avoids that
-nftables: {masqueradeAll: true}
+# a pod reaching a service whose endpoint is on the same bridge: the reply crosses the bridge
+# only, and reaches the node's NAT through br_netfilter's hooks (bridge-nf-call-iptables); on a
+# kernel without them, masquerading every service connection makes it come back (and each server
+# then sees the node's address instead of its client's, which Slurm's dynamic nodes register by:
+# the Slinky steps check NodeAddr)
+nftables: {masqueradeAll: $(brnf && echo false || echo true)}
 # the conntrack limits and timeouts are the host's (0: leave them)
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 # no CAP_SYS_RESOURCE here (as the kubelet)
