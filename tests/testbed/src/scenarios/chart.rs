@@ -23,12 +23,12 @@ use crate::bed::{Bed, mounts, wait_for};
 use crate::cluster::{
     NODE, RES, account_token, allocatable, api_error, api_message, apply, client, client_of,
     create_namespace, daemonset_rolled_out, delete_namespace, gpu_pod, guide, kubectl,
-    kubectl_exec, label, pod_ready, pods_report, token_kubeconfig, wait_object,
+    kubectl_exec, label, pod_ready, pods_report, readme_line, token_kubeconfig, wait_object,
 };
 use crate::controller::gpunode;
 use crate::gpunode::ready;
 use crate::node::ms;
-use crate::slinky::{self, PCI_LABEL, RESTAPI_PORT, srun, srun_cuda_visible};
+use crate::slinky::{self, PCI_LABEL, srun, srun_cuda_visible};
 use crate::slurm::{gres_sockets, uuids_in};
 
 /// The chart's namespace (the README's `--namespace`).
@@ -472,21 +472,6 @@ pub async fn chart_install(bed: &Bed) -> Result<()> {
     r.and(d)
 }
 
-/// The reasons of the events about the node's GpuNode.
-async fn gpunode_events(client: &Client) -> Result<Vec<String>> {
-    let events: Api<Event> = Api::all(client.clone());
-    let lp = ListParams::default().fields(&format!(
-        "involvedObject.kind=GpuNode,involvedObject.name={NODE}"
-    ));
-    Ok(events
-        .list(&lp)
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect())
-}
-
 /// `reason count; ...` of the GpuNode's events.
 fn event_counts(reasons: &[String]) -> String {
     let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
@@ -516,34 +501,134 @@ fn gb300_line(l: &str) -> bool {
         })
 }
 
-/// Slinky on the chart's agent and controller, then the README's profile change by `helm upgrade`
-/// with remediation on: the controller sees the slurmd pod predate the new topology (Drifted),
-/// deletes the node's Slurm record through slurmrestd and the pod, and the recreated pod's slurmd
-/// registers the new GPUs.
+/// The GpuNode's events: each reason as many times as it was counted.
+async fn gpunode_events_of(client: &Client, node: &str) -> Result<Vec<String>> {
+    let events: Api<Event> = Api::all(client.clone());
+    let lp = ListParams::default().fields(&format!(
+        "involvedObject.kind=GpuNode,involvedObject.name={node}"
+    ));
+    let mut out = Vec::new();
+    for e in events.list(&lp).await?.items {
+        let n = e.count.unwrap_or(1).max(1);
+        if let Some(r) = e.reason {
+            out.extend(std::iter::repeat_n(r, n as usize));
+        }
+    }
+    Ok(out)
+}
+
+/// The test bed's nodes (`NODES`): node0, node1, ...
+fn bed_nodes() -> Result<Vec<String>> {
+    let n: usize = std::env::var("NODES")
+        .unwrap_or_else(|_| "1".into())
+        .parse()
+        .context("$NODES")?;
+    Ok((0..n.max(1)).map(|i| format!("node{i}")).collect())
+}
+
+/// `type=status` of the GpuNode's conditions.
+async fn conditions_of(gpunodes: &Api<GpuNode>, node: &str) -> Result<Vec<String>> {
+    Ok(gpunodes
+        .get(node)
+        .await?
+        .status
+        .map(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| format!("{}={}", c.type_, c.status))
+        .collect())
+}
+
+/// Slinky on the chart's agent and controller, on every node of the test bed (the chart's agent
+/// runs on each, node1's tolerating Slinky's worker taint), then the README's profile change by
+/// `helm upgrade` with remediation on: the controller sees the slurmd pods predate the new
+/// topology (Drifted), deletes the nodes' Slurm records through slurmrestd and the pods, and the
+/// recreated pods' slurmd register the new GPUs.
 pub async fn chart_slinky_remediation(bed: &Bed) -> Result<()> {
     let client = client().await?;
-    // the chart's controller labels the node; the step does not
+    // the chart's controller labels the nodes; the step does not
     let nodes: Api<Node> = Api::all(client.clone());
-    let node = nodes.get(NODE).await?;
-    ensure!(
-        label(Some(&node), PCI_LABEL) == "true",
-        "the chart's controller did not label {NODE} {PCI_LABEL}=true"
-    );
+    for name in bed_nodes()? {
+        let what = format!("the chart's controller to label {name} {PCI_LABEL}=true");
+        let labelled = |n: Option<&Node>| label(n, PCI_LABEL) == "true";
+        wait_object(&nodes, &name, 60, &what, labelled).await?;
+    }
     let r = remediation(bed, &client).await;
     let d = slinky::down(&client, false).await;
     r.and(d)
 }
 
 async fn remediation(bed: &Bed, client: &Client) -> Result<()> {
-    let ip = slinky::controller_up(client, bed, "nvidia", false).await?;
-    let rip = slinky::restapi_up(client, &ip).await?;
-    let took = slinky::nodeset_up(client, &ip).await?;
-    bed.timing("chart-slinky-slurmd-idle", &format!("{} ms", ms(took)));
+    let names = bed_nodes()?;
+    let labelled = slinky::labelled_nodes(client).await?;
+    ensure!(
+        labelled == names,
+        "the nodes labelled {PCI_LABEL}=true are {labelled:?}, want {names:?}"
+    );
+    // the chart's agent on each node: a GpuNode of its own, with GPUs of its own
+    let gpunodes: Api<GpuNode> = Api::all(client.clone());
+    let mut seen: Vec<String> = Vec::new();
+    for name in &names {
+        let g = wait_object(
+            &gpunodes,
+            name,
+            60,
+            &format!("the chart's agent's GpuNode {name}"),
+            |g: Option<&GpuNode>| g.is_some_and(|g| g.spec.gpu_count == 4),
+        )
+        .await?;
+        let uuids: Vec<String> = g.spec.gpus.iter().map(|g| g.uuid.clone()).collect();
+        ensure!(
+            uuids.len() == 4 && uuids.iter().all(|u| !seen.contains(u)),
+            "GpuNode {name}'s GPUs {uuids:?}: want 4, none of another node's ({seen:?})"
+        );
+        println!("  GpuNode {name}: {}", uuids.join(" "));
+        seen.extend(uuids);
+    }
+    slinky::controller_up(client, bed, "nvidia", false).await?;
+    slinky::restapi_up(client).await?;
+    let took = slinky::nodeset_up(client, &names, false).await?;
+    bed.timing(
+        "chart-slinky-slurmd-idle",
+        &format!("{} ms ({} nodes)", ms(took), names.len()),
+    );
     let sockets = gres_sockets(bed)?;
     ensure!(!sockets.is_empty(), "no socket found for the served GPUs");
-    let want = format!("{NODE} idle gpu:nvidia_gb300:4(S:{sockets})");
+    let gres = format!("gpu:nvidia_gb300:4(S:{sockets})");
+    let want = names
+        .iter()
+        .map(|n| format!("{n} idle {gres}"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let s = slinky::sinfo()?;
     slinky::check(client, s == want, || format!("sinfo: {s:?}, want {want:?}")).await?;
+    println!("  sinfo -N -o '%N %T %G': {}", s.replace('\n', "; "));
+    // a job on every node, each with its four GPUs
+    let n = names.len().to_string();
+    let out = match slinky::ctld(&[
+        "timeout",
+        "60",
+        "srun",
+        "-D",
+        "/",
+        "-N",
+        &n,
+        "--gres=gpu:4",
+        "sh",
+        "-c",
+        r#"echo "$(hostname) $(ls /proc/driver/nvidia/gpus | wc -l) $CUDA_VISIBLE_DEVICES""#,
+    ]) {
+        Ok(s) => s,
+        Err(e) => return Err(slinky::with_logs(client, e.context("srun -N on every node")).await),
+    };
+    let mut got: Vec<&str> = out.lines().collect();
+    got.sort_unstable();
+    let want: Vec<String> = names.iter().map(|n| format!("{n} 4 0,1,2,3")).collect();
+    ensure!(
+        got == want,
+        "srun -N{n} --gres=gpu:4 (hostname, GPUs in /proc/driver/nvidia/gpus, CUDA_VISIBLE_DEVICES): want {want:?}, got {got:?}"
+    );
+    println!("  srun -N{n} --gres=gpu:4: {}", got.join("; "));
     let cuda = match srun_cuda_visible() {
         Ok(c) => c,
         Err(e) => return Err(slinky::with_logs(client, e).await),
@@ -552,26 +637,33 @@ async fn remediation(bed: &Bed, client: &Client) -> Result<()> {
         cuda == "CUDA_VISIBLE_DEVICES=0,1",
         "srun --gres=gpu:2 on the chart's agent: {cuda}, want CUDA_VISIBLE_DEVICES=0,1"
     );
-    println!("  on the chart's agent: {s}; srun --gres=gpu:2: {cuda}");
+    println!("  srun -w {NODE} --gres=gpu:2: {cuda}");
     // the README's verification: nvidia-smi in the job, through the libnvidia-ml.so.1 the NRI
     // plugin bound into the slurmd container; without ConstrainDevices (Slinky's default
     // cgroup.conf) a job sees all four GPUs, as on a real node, with the driver files' UUIDs (the
-    // node test bed's constrain-devices step confines jobs)
+    // node test bed's constrain-devices step confines jobs). The job runs as slurm (401), the
+    // user of slurmctld's pod.
     let smi = match srun(&[
         "--gres=gpu:2",
         "bash",
         "-c",
-        r#"echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; nvidia-smi -L"#,
+        r#"echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; nvidia-smi -L; id -u"#,
     ]) {
         Ok(s) => s,
         Err(e) => return Err(slinky::with_logs(client, e.context("srun nvidia-smi -L")).await),
     };
     for l in smi.lines() {
-        println!("  srun nvidia-smi -L: {l}");
+        println!("  srun nvidia-smi -L; id -u: {l}");
     }
     ensure!(
         smi.lines().next() == Some("CUDA_VISIBLE_DEVICES=0,1"),
         "the README's srun: want CUDA_VISIBLE_DEVICES=0,1 first, got:\n{smi}"
+    );
+    let uid = std::env::var("SLURM_UID").context("$SLURM_UID")?;
+    ensure!(
+        smi.lines().last() == Some(uid.as_str()),
+        "the README's srun ran as uid {:?}, want slurm ({uid})",
+        smi.lines().last()
     );
     let n = smi.lines().filter(|l| gb300_line(l)).count();
     ensure!(
@@ -591,21 +683,29 @@ async fn remediation(bed: &Bed, client: &Client) -> Result<()> {
         got == want,
         "nvidia-smi -L's UUIDs {got:?} are not the driver files' {want:?}"
     );
-    let uid0 = slinky::slurmd_pod(client).await?.metadata.uid;
-    // the README's token Secret and profile change; slurmrestd's address in place of its Service's
+    recreated_same_gpus(client, &gpunodes, &names, &gres).await?;
+    let mut uids0 = Vec::new();
+    for name in &names {
+        uids0.push(slinky::slurmd_pod_on(client, name).await?.metadata.uid);
+    }
+    // the README's token Secret and profile change, slurmrestd by its Service's name
     guide(
         bed,
         "kubectl -n mockgpu-system create secret generic slurm-token",
         &[],
     )
     .context("the README's slurm-token Secret")?;
+    let url = readme_line("helm upgrade mockgpu ")?;
+    ensure!(
+        url.contains("controller.remediation.slurmrestdUrl=http://slurm-restapi.slurm:6820 "),
+        "the README's helm upgrade does not name slurmrestd's Service: {url}"
+    );
     let t = Instant::now();
-    let url = format!("controller.remediation.slurmrestdUrl=http://{rip}:{RESTAPI_PORT}");
     guide_kept(
         bed,
         client,
         "helm upgrade mockgpu ",
-        &["--set", &url, "--timeout", "120s"],
+        &["--timeout", "120s"],
         "helm-upgrade.txt",
     )
     .await
@@ -614,36 +714,44 @@ async fn remediation(bed: &Bed, client: &Client) -> Result<()> {
         "chart-upgrade",
         &format!("{} ms (helm upgrade --wait)", ms(t.elapsed())),
     );
-    let gpunodes: Api<GpuNode> = Api::all(client.clone());
     let gb200 = |g: Option<&GpuNode>| g.is_some_and(|g| g.spec.profile == "gb200");
-    wait_object(
-        &gpunodes,
-        NODE,
-        60,
-        &format!("GpuNode {NODE} with profile gb200"),
-        gb200,
-    )
-    .await?;
+    for name in &names {
+        wait_object(
+            &gpunodes,
+            name,
+            60,
+            &format!("GpuNode {name} with profile gb200"),
+            gb200,
+        )
+        .await?;
+    }
     let remediated = wait_for(
         120,
-        "the controller's remediation (events SlurmNodeDeleted, PodDeleted)",
+        &format!("the controller's remediation of {names:?} (events SlurmNodeDeleted, PodDeleted)"),
         || async {
-            gpunode_events(client).await.is_ok_and(|r| {
-                r.iter().any(|r| r == "SlurmNodeDeleted") && r.iter().any(|r| r == "PodDeleted")
-            })
+            let mut all = true;
+            for name in &names {
+                all &= gpunode_events_of(client, name).await.is_ok_and(|r| {
+                    r.iter().any(|r| r == "SlurmNodeDeleted") && r.iter().any(|r| r == "PodDeleted")
+                });
+            }
+            all
         },
     )
     .await;
-    let events = gpunode_events(client).await?;
     if let Err(e) = remediated {
-        let g = gpunodes.get_opt(NODE).await?;
-        let conditions = g
-            .and_then(|g| g.status)
-            .map(|s| serde_json::to_string(&s.conditions).unwrap_or_default());
+        let mut s = String::new();
+        for name in &names {
+            let events = gpunode_events_of(client, name).await?;
+            let conditions = conditions_of(&gpunodes, name).await?;
+            s.push_str(&format!(
+                "GpuNode {name}'s events: {}; its conditions: {}\n",
+                event_counts(&events),
+                conditions.join(" ")
+            ));
+        }
         bail!(
-            "no remediation after the profile change: {e:#}\nthe GpuNode's events: {}\nits conditions: {}\n{}",
-            event_counts(&events),
-            conditions.unwrap_or_default(),
+            "no remediation after the profile change: {e:#}\n{s}{}",
             pods_report(
                 client,
                 CHART_NS,
@@ -653,29 +761,40 @@ async fn remediation(bed: &Bed, client: &Client) -> Result<()> {
             .await
         );
     }
-    println!("  the GpuNode's events: {}", event_counts(&events));
-    ensure!(
-        events.iter().any(|r| r == "Drifted"),
-        "no Drifted event before the remediation: {}",
-        event_counts(&events)
-    );
+    for name in &names {
+        let events = gpunode_events_of(client, name).await?;
+        println!("  GpuNode {name}'s events: {}", event_counts(&events));
+        ensure!(
+            events.iter().any(|r| r == "Drifted"),
+            "GpuNode {name}: no Drifted event before the remediation: {}",
+            event_counts(&events)
+        );
+    }
     let sockets = gres_sockets(bed)?;
     ensure!(!sockets.is_empty(), "no socket found for the served GPUs");
-    slinky::wait_gres(client, 120, &format!("gpu:nvidia_gb200:4(S:{sockets})"))
-        .await
-        .context("Slurm did not take the new GPUs")?;
+    slinky::wait_gres(
+        client,
+        120,
+        &names,
+        &format!("gpu:nvidia_gb200:4(S:{sockets})"),
+    )
+    .await
+    .context("Slurm did not take the new GPUs")?;
     bed.timing(
         "chart-remediated",
         &format!(
-            "{} ms from helm upgrade to slurmd idle with the new GPUs",
-            ms(t.elapsed())
+            "{} ms from helm upgrade to slurmd idle with the new GPUs ({} nodes)",
+            ms(t.elapsed()),
+            names.len()
         ),
     );
-    let uid = slinky::slurmd_pod(client).await?.metadata.uid;
-    ensure!(
-        uid.is_some() && uid != uid0,
-        "the slurmd pod was not recreated (uid {uid:?}, was {uid0:?})"
-    );
+    for (name, uid0) in names.iter().zip(&uids0) {
+        let uid = slinky::slurmd_pod_on(client, name).await?.metadata.uid;
+        ensure!(
+            uid.is_some() && uid != *uid0,
+            "the slurmd pod on {name} was not recreated (uid {uid:?}, was {uid0:?})"
+        );
+    }
     let cuda = match srun_cuda_visible() {
         Ok(c) => c,
         Err(e) => {
@@ -707,19 +826,83 @@ async fn remediation(bed: &Bed, client: &Client) -> Result<()> {
         &[],
     )?;
     println!(
-        "  after helm upgrade: {}; slurmd pod recreated; srun --gres=gpu:2: {cuda}; the job: 4 x NVIDIA GB200",
-        sinfo.lines().last().unwrap_or_default()
+        "  after helm upgrade: {}; slurmd pods recreated; srun --gres=gpu:2: {cuda}; the job: 4 x NVIDIA GB200",
+        sinfo.lines().skip(1).collect::<Vec<_>>().join("; ")
     );
-    let conditions: Vec<String> = gpunodes
-        .get(NODE)
-        .await?
-        .status
-        .map(|s| s.conditions)
-        .unwrap_or_default()
-        .iter()
-        .map(|c| format!("{}={}", c.type_, c.status))
-        .collect();
-    println!("  conditions: {}", conditions.join(" "));
+    for name in &names {
+        let conditions = conditions_of(&gpunodes, name).await?;
+        println!("  GpuNode {name}'s conditions: {}", conditions.join(" "));
+    }
+    Ok(())
+}
+
+/// A slurmd pod deleted (the last node's) comes back on its node, its slurmd registers again
+/// (a new SlurmdStartTime) with the same GPUs, and the controller sees no drift: no new Drifted
+/// event on the GpuNode, no Drifted condition.
+async fn recreated_same_gpus(
+    client: &Client,
+    gpunodes: &Api<GpuNode>,
+    names: &[String],
+    gres: &str,
+) -> Result<()> {
+    let node = names.last().context("no node")?;
+    let start = |s: &str| {
+        s.split_whitespace()
+            .find_map(|w| w.strip_prefix("SlurmdStartTime="))
+            .map(str::to_owned)
+    };
+    let before = start(&slinky::ctld(&["scontrol", "show", "node", node])?);
+    let drifted = |e: &[String]| e.iter().filter(|r| *r == "Drifted").count();
+    let drifted0 = drifted(&gpunode_events_of(client, node).await?);
+    let pod = slinky::slurmd_pod_on(client, node).await?;
+    let (name, uid0) = (
+        pod.metadata.name.clone().unwrap_or_default(),
+        pod.metadata.uid.clone(),
+    );
+    let t = Instant::now();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), slinky::SLINKY_NS);
+    pods.delete(&name, &DeleteParams::default()).await?;
+    let back = wait_for(
+        90,
+        &format!("a new slurmd pod on {node}, Ready"),
+        || async {
+            slinky::slurmd_pod_on(client, node).await.is_ok_and(|p| {
+                p.metadata.uid != uid0
+                    && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
+                    && kube::runtime::wait::Condition::matches_object(&pod_ready(), Some(&p))
+            })
+        },
+    )
+    .await;
+    if let Err(e) = back {
+        return Err(slinky::with_logs(client, e).await);
+    }
+    let again = wait_for(
+        60,
+        &format!("slurmd on {node} to register again"),
+        || async {
+            slinky::ctld(&["scontrol", "show", "node", node])
+                .is_ok_and(|s| start(&s).is_some() && start(&s) != before)
+        },
+    )
+    .await;
+    if let Err(e) = again {
+        return Err(slinky::with_logs(client, e).await);
+    }
+    slinky::wait_gres(client, 60, names, gres).await?;
+    let events = gpunode_events_of(client, node).await?;
+    let conditions = conditions_of(gpunodes, node).await?;
+    ensure!(
+        drifted(&events) == drifted0 && !conditions.iter().any(|c| c == "Drifted=True"),
+        "GpuNode {node} after its slurmd pod was recreated: Drifted events {} (were {drifted0}), conditions {}",
+        drifted(&events),
+        conditions.join(" ")
+    );
+    println!(
+        "  slurmd pod {name} on {node} deleted: recreated and registered again in {} ms, {node} idle {gres}; no Drifted (conditions: {})",
+        ms(t.elapsed()),
+        conditions.join(" ")
+    );
     Ok(())
 }
 

@@ -1,12 +1,15 @@
 //! Slinky's shape of Slurm on the cluster (cluster mode, Slurm 25.11 and later): slurmctld,
-//! slurmrestd and a slurmd DaemonSet as the real operator builds them (its Secrets, ConfigMap,
-//! labels, the slurmd pod with its logfile sidecar), on the pod network. Slurm needs every daemon
-//! to reach every other one directly, which pod IPs on the bridge do; Slinky names slurmctld
-//! through a Service that nothing answers here (no kube-proxy, no DNS), so slurm.conf and slurmd's
-//! `--conf-server` carry the controller pod's IP instead.
+//! slurmrestd and slurmd as SchedMD's operator builds them (its Secrets, ConfigMap, Services,
+//! labels, the slurmd pods with their logfile sidecar), on the pod network. The daemons find each
+//! other as the operator's do: through its Services and cluster DNS (kube-proxy and CoreDNS run
+//! in cluster mode): `SlurmctldHost=slurm-controller-0(slurm-controller.slurm)`, slurmd's
+//! `--conf-server slurm-controller.slurm:6817`, slurmrestd at `http://slurm-restapi.slurm:6820`,
+//! and each slurmd pod named `<node>` in the headless `slurm-workers-slurm` Service.
 //!
-//! `slinky-slurm` runs this on the host agent (gres.conf `AutoDetect=nvml`, `ConstrainDevices=yes`);
-//! `chart-slinky-remediation` (chart.rs) on the chart's agent and controller.
+//! `slinky-slurm` runs this on the host agent (gres.conf `AutoDetect=nvml`, `ConstrainDevices=yes`),
+//! on node0 only (the host agent serves node0 alone); `chart-slinky-remediation` (chart.rs) on the
+//! chart's agent and controller, on every node the chart's controller labelled (node0 and, with
+//! `NODES=2`, node1).
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -15,7 +18,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, ensure};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
@@ -31,18 +34,28 @@ use crate::slurm::{OPEN_GPUS, gres_sockets};
 
 /// Slinky's namespace.
 pub(crate) const SLINKY_NS: &str = "slurm";
-/// The NodeSet: the slurmd pods' instance label, their Features, slurm.conf's NodeSet.
+/// The NodeSet's name in slurm.conf: the slurmd pods' Features.
 const NODESET: &str = "gpu";
+/// The operator's name for the NodeSet's objects (`slurm-worker-<nodeset>`): the slurmd pods'
+/// instance label.
+const INSTANCE: &str = "slurm-worker-gpu";
 /// Slinky's controller pod (StatefulSet slurm-controller, ordinal 0).
 pub(crate) const CTLD: &str = "slurm-controller-0";
+/// The operator's Service in front of slurmctld.
+const CTLD_SVC: &str = "slurm-controller";
 /// Slinky's slurmrestd (a Deployment and Service of that name).
 const RESTAPI: &str = "slurm-restapi";
 /// slurmrestd's port.
-pub(crate) const RESTAPI_PORT: u16 = 6820;
+const RESTAPI_PORT: u16 = 6820;
+/// The operator's headless Service of the slurmd pods (their `subdomain`).
+const WORKERS_SVC: &str = "slurm-workers-slurm";
 /// The label the slurmd pods select nodes by (the controller sets it on GPU nodes).
 pub(crate) const PCI_LABEL: &str = "feature.node.kubernetes.io/pci-10de.present";
 /// The slurmd pods' selector.
-const SLURMD_PODS: &str = "app.kubernetes.io/name=slurmd,app.kubernetes.io/instance=gpu";
+const SLURMD_PODS: &str =
+    "app.kubernetes.io/name=slurmd,app.kubernetes.io/instance=slurm-worker-gpu";
+/// Slinky's worker taint (cluster.sh's `WORKER_TAINT`: the workers register with it).
+const WORKER_TAINT_KEY: &str = "nodeset.slinky.slurm.net/worker";
 
 /// The uid and gid of `slurm` in the slurmd image, as in Slinky's images (testbed.sh's `SLURM_UID`).
 fn slurm_uid() -> Result<String> {
@@ -106,25 +119,26 @@ fn partitions() -> Result<String> {
     Ok(out)
 }
 
-/// slurm.conf as Slinky's operator generates it (`@CTLD_ADDR@`: the controller's pod IP).
+/// slurm.conf as Slinky's operator generates it: slurmctld by its Service's name.
 fn slurm_conf(cgroup: &str) -> Result<String> {
     let mut conf = format!(
-        "ClusterName=slinky
+        "ClusterName=slurm_slurm
 SlurmUser=slurm
-SlurmctldHost={CTLD}(@CTLD_ADDR@)
+SlurmctldHost={CTLD}({CTLD_SVC}.{SLINKY_NS})
 SlurmctldPort=6817
-StateSaveLocation=/var/spool/slurmctld
+StateSaveLocation={STATESAVE}
 SlurmdUser=root
 SlurmdPort=6818
 SlurmdSpoolDir=/var/spool/slurmd
 MaxNodeCount=1024
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmSchedLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
 AuthType=auth/slurm
 CredType=cred/slurm
 AuthInfo=use_client_ids
 AuthAltTypes=auth/jwt
-AuthAltParameters=jwt_key=/etc/slurm/jwt_hs256.key
+AuthAltParameters=jwt_key=/etc/slurm/jwt.key
 SlurmctldParameters=enable_configless,reconfig_on_restart
 AccountingStorageType=accounting_storage/none
 GresTypes=gpu
@@ -140,6 +154,9 @@ NodeSet={NODESET} Feature={NODESET}
     }
     Ok(conf)
 }
+
+/// slurmctld's StateSaveLocation (`/var/spool/slurmctld/<ClusterName>`, a volume of its own).
+const STATESAVE: &str = "/var/spool/slurmctld/slurm_slurm";
 
 fn meta(name: &str) -> ObjectMeta {
     ObjectMeta {
@@ -179,9 +196,10 @@ pub(crate) fn sinfo() -> Result<String> {
         .to_owned())
 }
 
-/// `srun -D / -N1 ARGS` from slurmctld, bounded to 60 s: its standard output.
+/// `srun -D / -N1 -w node0 ARGS` from slurmctld (as slurm, the pod's user), bounded to 60 s:
+/// its standard output.
 pub(crate) fn srun(args: &[&str]) -> Result<String> {
-    let mut all = vec!["timeout", "60", "srun", "-D", "/", "-N1"];
+    let mut all = vec!["timeout", "60", "srun", "-D", "/", "-N1", "-w", NODE];
     all.extend_from_slice(args);
     ctld(&all)
 }
@@ -246,26 +264,47 @@ async fn wait_ready(client: &Client, name: &str) -> Result<Pod> {
     }
 }
 
-fn pod_ip(p: &Pod) -> Result<String> {
-    p.status
-        .as_ref()
-        .and_then(|s| s.pod_ip.clone())
-        .with_context(|| {
-            format!(
-                "pod {} has no IP",
-                p.metadata.name.as_deref().unwrap_or_default()
-            )
-        })
+/// The operator's Services: `slurm-controller` and `slurm-restapi` (ClusterIP, by the pods' named
+/// ports) and the slurmd pods' headless `slurm-workers-slurm` (their `subdomain`, with the
+/// addresses of pods not yet ready).
+async fn services_up(client: &Client) -> Result<()> {
+    let svcs: Api<Service> = Api::namespaced(client.clone(), SLINKY_NS);
+    let labels = |name: &str, component: &str| {
+        json!({"app.kubernetes.io/name": name, "app.kubernetes.io/instance": "slurm",
+            "app.kubernetes.io/component": component})
+    };
+    for v in [
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": CTLD_SVC, "namespace": SLINKY_NS, "labels": labels("slurmctld", "controller")},
+            "spec": {"type": "ClusterIP",
+                "selector": {"app.kubernetes.io/instance": "slurm", "app.kubernetes.io/name": "slurmctld"},
+                "ports": [{"name": "slurmctld", "port": 6817, "protocol": "TCP", "targetPort": "slurmctld"}]}}),
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": RESTAPI, "namespace": SLINKY_NS, "labels": labels("slurmrestd", "restapi")},
+            "spec": {"type": "ClusterIP",
+                "selector": {"app.kubernetes.io/instance": "slurm", "app.kubernetes.io/name": "slurmrestd"},
+                "ports": [{"name": "slurmrestd", "port": RESTAPI_PORT, "protocol": "TCP", "targetPort": "slurmrestd"}]}}),
+        json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": WORKERS_SVC, "namespace": SLINKY_NS},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": true,
+                "selector": {"app.kubernetes.io/name": "slurmd", "slinky.slurm.net/cluster": "slurm"},
+                "ports": [{"name": "slurmd", "port": 6818, "protocol": "TCP", "targetPort": "slurmd"}]}}),
+    ] {
+        let svc: Service = serde_json::from_value(v)?;
+        apply(&svcs, &svc).await?;
+    }
+    Ok(())
 }
 
 /// The slurm.key and JWT key Secrets, the config ConfigMap (gres.conf `AutoDetect=<autodetect>`,
-/// cgroup.conf), the slurmctld pod; its IP once slurmctld answers.
+/// cgroup.conf), the operator's Services, the slurmctld pod as the operator's StatefulSet runs it
+/// (uid, gid and fsGroup 401, runAsNonRoot); returns once slurmctld answers.
 pub(crate) async fn controller_up(
     client: &Client,
     bed: &Bed,
     autodetect: &str,
     constrain: bool,
-) -> Result<String> {
+) -> Result<()> {
     let cgroup = cgroup_conf(bed, constrain)?;
     create_namespace(client, SLINKY_NS).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), SLINKY_NS);
@@ -274,11 +313,7 @@ pub(crate) async fn controller_up(
         &secret("slurm-auth-slurm", "slurm.key", random(1024)?),
     )
     .await?;
-    apply(
-        &secrets,
-        &secret("slurm-auth-jwths256", "jwt_hs256.key", random(32)?),
-    )
-    .await?;
+    apply(&secrets, &secret("slurm-auth-jwt", "jwt.key", random(32)?)).await?;
     let config = ConfigMap {
         metadata: meta("slurm-config"),
         data: Some(BTreeMap::from([
@@ -289,45 +324,63 @@ pub(crate) async fn controller_up(
         ..ConfigMap::default()
     };
     apply(&Api::namespaced(client.clone(), SLINKY_NS), &config).await?;
-    // Slinky's controller copies its configuration and key into /etc/slurm (the key owned by
-    // SlurmUser, 0600); slurmctld starts as root and runs as SlurmUser
+    services_up(client).await?;
+    // the operator's slurmctld runs as slurm (401) from the start (a projected /etc/slurm, group
+    // 401 through fsGroup); here the pod copies the files into an emptyDir, so that the keys are
+    // the user's own, mode 0600, as slurmctld wants them. The state directory is the operator's
+    // volume claim; an emptyDir is world-writable (slurmctld warns), so it gets one of its own, 0700
+    let uid = slurm_uid()?;
     let script = format!(
         r#"{}
 need slurmctld
-sed "s/@CTLD_ADDR@/$POD_IP/" /mnt/slurm/slurm.conf > /etc/slurm/slurm.conf
-cp /mnt/slurm/cgroup.conf /mnt/slurm/gres.conf /etc/slurm/
-install -o slurm -g slurm -m 600 /mnt/slurm-key/slurm.key /etc/slurm/slurm.key
-install -o slurm -g slurm -m 600 /mnt/jwt-key/jwt_hs256.key /etc/slurm/jwt_hs256.key
-install -d -o slurm -g slurm /var/spool/slurmctld /var/log/slurm
+[ "$(id -u):$(id -g)" = "{uid}:{uid}" ] || {{ echo "slurmctld runs as $(id -u):$(id -g), want {uid}:{uid} (the pod's runAsUser/runAsGroup)" >&2; exit 1; }}
+cp /mnt/slurm/slurm.conf /mnt/slurm/cgroup.conf /mnt/slurm/gres.conf /etc/slurm/
+mkdir -p -m 700 {STATESAVE}
+install -m 600 /mnt/slurm-key/slurm.key /etc/slurm/slurm.key
+install -m 600 /mnt/jwt-key/jwt.key /etc/slurm/jwt.key
 exec slurmctld -D
 "#,
-        need(&slurm_uid()?)
+        need(&uid)
     );
+    let id: i64 = uid.parse().context("$SLURM_UID")?;
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": CTLD, "namespace": SLINKY_NS, "labels": {
             "app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": "slurm",
-            "app.kubernetes.io/component": "controller"}},
+            "app.kubernetes.io/component": "controller", "app.kubernetes.io/part-of": "slurm"},
+            "annotations": {"kubectl.kubernetes.io/default-container": "slurmctld"}},
         "spec": {
             "automountServiceAccountToken": false, "enableServiceLinks": false,
             "terminationGracePeriodSeconds": 5,
+            "securityContext": {"fsGroup": id, "runAsGroup": id, "runAsNonRoot": true, "runAsUser": id},
             "containers": [{
                 "name": "slurmctld", "image": "localhost/slurmd:1", "imagePullPolicy": "Never",
                 "command": ["/bin/sh", "-c"], "args": [script],
-                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "ports": [{"name": "slurmctld", "containerPort": 6817, "protocol": "TCP"}],
+                "securityContext": {"runAsGroup": id, "runAsNonRoot": true, "runAsUser": id},
                 "volumeMounts": [
+                    {"name": "slurm-etc", "mountPath": "/etc/slurm"},
+                    {"name": "run", "mountPath": "/run"},
+                    {"name": "statesave", "mountPath": "/var/spool/slurmctld"},
+                    {"name": "slurm-authsocket", "mountPath": "/run/slurmctld"},
+                    {"name": "slurm-logfile", "mountPath": "/var/log/slurm"},
                     {"name": "slurm-config", "mountPath": "/mnt/slurm", "readOnly": true},
                     {"name": "slurm-key", "mountPath": "/mnt/slurm-key", "readOnly": true},
                     {"name": "jwt-key", "mountPath": "/mnt/jwt-key", "readOnly": true}]
             }],
             "volumes": [
+                {"name": "slurm-etc", "emptyDir": {"medium": "Memory"}},
+                {"name": "run", "emptyDir": {"medium": "Memory"}},
+                {"name": "statesave", "emptyDir": {}},
+                {"name": "slurm-authsocket", "emptyDir": {}},
+                {"name": "slurm-logfile", "emptyDir": {"medium": "Memory"}},
                 {"name": "slurm-config", "configMap": {"name": "slurm-config"}},
                 {"name": "slurm-key", "secret": {"secretName": "slurm-auth-slurm", "defaultMode": 0o600}},
-                {"name": "jwt-key", "secret": {"secretName": "slurm-auth-jwths256", "defaultMode": 0o600}}]
+                {"name": "jwt-key", "secret": {"secretName": "slurm-auth-jwt", "defaultMode": 0o600}}]
         }
     }))?;
     apply(&Api::namespaced(client.clone(), SLINKY_NS), &pod).await?;
-    let pod = wait_ready(client, CTLD).await?;
+    wait_ready(client, CTLD).await?;
     if let Err(e) = wait_for(60, "slurmctld to answer scontrol ping", || async {
         ctld(&["scontrol", "ping"]).is_ok()
     })
@@ -335,16 +388,16 @@ exec slurmctld -D
     {
         return Err(with_logs(client, e).await);
     }
-    pod_ip(&pod)
+    Ok(())
 }
 
-/// slurmrestd as Slinky runs it, against the controller at `ctld_ip`: JWT only, and
-/// `SLURM_JWT=daemon` (each request reaches slurmctld with its client's token). It refuses to
-/// run as root, SlurmUser or nobody: a user of its own. Its IP.
-pub(crate) async fn restapi_up(client: &Client, ctld_ip: &str) -> Result<String> {
+/// slurmrestd as Slinky runs it: JWT only, and `SLURM_JWT=daemon` (each request reaches slurmctld
+/// with its client's token). It refuses to run as root, SlurmUser or nobody: a user of its own.
+/// Returns once its Service's name answers from the slurmctld pod.
+pub(crate) async fn restapi_up(client: &Client) -> Result<()> {
     let script = format!(
         r#"set -e
-sed "s/@CTLD_ADDR@/$CTLD_ADDR/" /mnt/slurm/slurm.conf > /etc/slurm/slurm.conf
+cp /mnt/slurm/slurm.conf /etc/slurm/slurm.conf
 echo 'slurmrestd:x:65532:65532::/nonexistent:/usr/sbin/nologin' >> /etc/passwd
 echo 'slurmrestd:x:65532:' >> /etc/group
 exec slurmrestd -s openapi/slurmctld -a rest_auth/jwt -u slurmrestd -g slurmrestd 0.0.0.0:{RESTAPI_PORT}
@@ -354,112 +407,253 @@ exec slurmrestd -s openapi/slurmctld -a rest_auth/jwt -u slurmrestd -g slurmrest
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": RESTAPI, "namespace": SLINKY_NS, "labels": {
             "app.kubernetes.io/name": "slurmrestd", "app.kubernetes.io/instance": "slurm",
-            "app.kubernetes.io/component": "restapi"}},
+            "app.kubernetes.io/component": "restapi", "app.kubernetes.io/part-of": "slurm"}},
         "spec": {
             "automountServiceAccountToken": false, "enableServiceLinks": false,
             "terminationGracePeriodSeconds": 5,
             "containers": [{
                 "name": "slurmrestd", "image": "localhost/slurmd:1", "imagePullPolicy": "Never",
                 "command": ["/bin/sh", "-c"], "args": [script],
-                "env": [{"name": "SLURM_JWT", "value": "daemon"}, {"name": "CTLD_ADDR", "value": ctld_ip}],
-                "ports": [{"name": "slurmrestd", "containerPort": RESTAPI_PORT}],
-                "readinessProbe": {"tcpSocket": {"port": RESTAPI_PORT}, "periodSeconds": 2},
+                "env": [{"name": "SLURM_JWT", "value": "daemon"}],
+                "ports": [{"name": "slurmrestd", "containerPort": RESTAPI_PORT, "protocol": "TCP"}],
+                "readinessProbe": {"tcpSocket": {"port": "slurmrestd"}, "periodSeconds": 2},
                 "volumeMounts": [{"name": "slurm-config", "mountPath": "/mnt/slurm", "readOnly": true}]
             }],
             "volumes": [{"name": "slurm-config", "configMap": {"name": "slurm-config"}}]
         }
     }))?;
     apply(&Api::namespaced(client.clone(), SLINKY_NS), &pod).await?;
-    pod_ip(&wait_ready(client, RESTAPI).await?)
+    wait_ready(client, RESTAPI).await?;
+    // the name the README gives the chart's controller, from another pod
+    let name = format!("{RESTAPI}.{SLINKY_NS}");
+    let connect = format!("exec 3<>/dev/tcp/{name}/{RESTAPI_PORT}");
+    let r = wait_for(30, &format!("{name}:{RESTAPI_PORT} to answer"), || async {
+        ctld(&["bash", "-c", &connect]).is_ok()
+    })
+    .await;
+    if let Err(e) = r {
+        let why = ctld(&["bash", "-c", &connect]).err();
+        return Err(with_logs(client, anyhow!("{e:#}: {why:?}")).await);
+    }
+    Ok(())
 }
 
-/// The slurmd DaemonSet in Slinky's pod shape, against the controller at `ctld_ip`; waits for it
-/// to roll out and for slurmd to be idle in sinfo. The time it took.
-pub(crate) async fn nodeset_up(client: &Client, ctld_ip: &str) -> Result<std::time::Duration> {
+/// The nodes carrying [`PCI_LABEL`]`=true`, by name.
+pub(crate) async fn labelled_nodes(client: &Client) -> Result<Vec<String>> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut names: Vec<String> = nodes
+        .list(&ListParams::default().labels(&format!("{PCI_LABEL}=true")))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The slurmd pods of the NodeSet in DaemonSet mode, as the operator makes them: one per node,
+/// named after it (`hostname`, in the `subdomain` of the headless Service), pinned to it
+/// (`matchFields metadata.name`, one slurmd per node by anti-affinity), tolerating the worker
+/// taint, the arguments re-parsed by a shell (the `--conf` value arrives with its quotes). A
+/// Kubernetes DaemonSet has one template, so the test bed makes one per node (each pod keeps the
+/// operator's spec, and a deleted pod comes back as the operator's would). `host_network`: the
+/// user guide's "Host Network" option (`hostNetwork`, `ClusterFirstWithHostNet`, the node's name).
+/// Waits for them to roll out and for every node to be idle in sinfo: the time it took.
+pub(crate) async fn nodeset_up(
+    client: &Client,
+    nodes: &[String],
+    host_network: bool,
+) -> Result<std::time::Duration> {
     let t = Instant::now();
+    ensure!(!nodes.is_empty(), "no node for the slurmd pods");
+    // Slinky's entrypoint passes its arguments to a shell again (supervisord's `bash -xc "exec
+    // slurmd --systemd $SLURMD_OPTIONS"`), which takes the quotes off `'Features=gpu'`
     let script = format!(
-        "{}\nneed slurmd slurmstepd\nmkdir -p /var/spool/slurmd\nexec slurmd -D -Z --conf-server {ctld_ip}:6817 --conf 'Features={NODESET}'\n",
+        "{}\nneed slurmd slurmstepd\nmkdir -p /var/spool/slurmd\neval \"exec slurmd -D $*\"\n",
         need(&slurm_uid()?)
     );
-    let ds: DaemonSet = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": NODESET, "namespace": SLINKY_NS},
-        "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": "slurmd", "app.kubernetes.io/instance": NODESET}},
-            "template": {
-                "metadata": {
-                    "labels": {"app.kubernetes.io/name": "slurmd", "app.kubernetes.io/instance": NODESET,
-                        "app.kubernetes.io/component": "worker", "slinky.slurm.net/cluster": "slurm"},
-                    "annotations": {"kubectl.kubernetes.io/default-container": "slurmd"}
-                },
-                "spec": {
-                    // Slinky's DaemonSet mode names each pod's host after its node (the Slurm
-                    // node name); a Kubernetes DaemonSet has one template, which on this
-                    // one-node test bed can say it
-                    "hostname": NODE,
-                    "nodeSelector": {PCI_LABEL: "true"},
-                    "automountServiceAccountToken": false, "enableServiceLinks": false,
-                    "terminationGracePeriodSeconds": 5,
-                    // a native sidecar (musl-style static busybox, as Slinky's alpine)
-                    "initContainers": [{
-                        "name": "logfile", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-                        "restartPolicy": "Always",
-                        "command": ["/bin/sh", "-c", "touch /var/log/slurm/slurmd.log && exec tail -n +1 -F /var/log/slurm/slurmd.log"],
-                        "volumeMounts": [{"name": "slurm-logfile", "mountPath": "/var/log/slurm"}]
-                    }],
-                    // (Slinky's supervisord keeps slurmd in the foreground: -D)
-                    "containers": [{
-                        "name": "slurmd", "image": "localhost/slurmd:1", "imagePullPolicy": "Never",
-                        "command": ["/bin/sh", "-c", script],
-                        "ports": [{"name": "slurmd", "containerPort": 6818}],
-                        "securityContext": {"privileged": true,
-                            "capabilities": {"add": ["BPF", "NET_ADMIN", "SYS_ADMIN", "SYS_NICE"]}},
-                        "resources": {"limits": {RES: "4"}},
-                        "volumeMounts": [
-                            {"name": "slurm-etc", "mountPath": "/etc/slurm", "readOnly": true},
-                            {"name": "slurm-logfile", "mountPath": "/var/log/slurm"}]
-                    }],
-                    "volumes": [
-                        {"name": "slurm-etc", "projected": {"defaultMode": 0o600, "sources": [
-                            {"secret": {"name": "slurm-auth-slurm", "items": [{"key": "slurm.key", "path": "slurm.key"}]}}]}},
-                        {"name": "slurm-logfile", "emptyDir": {}}]
+    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), SLINKY_NS);
+    for node in nodes {
+        let mut spec = json!({
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+                "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                    "labelSelector": {"matchExpressions": [
+                        {"key": "app.kubernetes.io/name", "operator": "In", "values": ["slurmd"]}]},
+                    "topologyKey": "kubernetes.io/hostname"}]}
+            },
+            "tolerations": [{"key": WORKER_TAINT_KEY, "operator": "Equal", "effect": "NoExecute"}],
+            "nodeSelector": {PCI_LABEL: "true", "kubernetes.io/os": "linux"},
+            "automountServiceAccountToken": false, "enableServiceLinks": false,
+            "terminationGracePeriodSeconds": 5,
+            // a native sidecar (musl-style static busybox, as Slinky's alpine)
+            "initContainers": [{
+                "name": "logfile", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
+                "restartPolicy": "Always",
+                "command": ["/bin/sh", "-c", "touch /var/log/slurm/slurmd.log && exec tail -n +1 -F /var/log/slurm/slurmd.log"],
+                "volumeMounts": [{"name": "slurm-logfile", "mountPath": "/var/log/slurm"}]
+            }],
+            // (Slinky's supervisord keeps slurmd in the foreground: -D)
+            "containers": [{
+                "name": "slurmd", "image": "localhost/slurmd:1", "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script, "entrypoint"],
+                "args": ["-Z", "--conf-server", format!("{CTLD_SVC}.{SLINKY_NS}:6817"),
+                    "--conf", format!("'Features={NODESET}'")],
+                "env": [
+                    {"name": "POD_TOPOLOGY", "valueFrom": {"fieldRef": {"apiVersion": "v1",
+                        "fieldPath": "metadata.annotations['topology.slinky.slurm.net/spec']"}}},
+                    {"name": "POD_CPUS", "value": "0"},
+                    {"name": "POD_MEMORY", "value": "0"}],
+                "ports": [{"name": "slurmd", "containerPort": 6818, "protocol": "TCP"}],
+                "securityContext": {"privileged": true,
+                    "capabilities": {"add": ["BPF", "NET_ADMIN", "SYS_ADMIN", "SYS_NICE"]}},
+                "resources": {"limits": {RES: "4"}},
+                "volumeMounts": [
+                    {"name": "slurm-etc", "mountPath": "/etc/slurm", "readOnly": true},
+                    {"name": "slurm-logfile", "mountPath": "/var/log/slurm"}]
+            }],
+            "volumes": [
+                {"name": "slurm-etc", "projected": {"defaultMode": 0o600, "sources": [
+                    {"secret": {"name": "slurm-auth-slurm", "items": [{"key": "slurm.key", "path": "slurm.key"}]}}]}},
+                {"name": "slurm-logfile", "emptyDir": {"medium": "Memory"}}]
+        });
+        let net = if host_network {
+            json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"})
+        } else {
+            json!({"hostname": node, "subdomain": WORKERS_SVC, "dnsPolicy": "ClusterFirst",
+                "dnsConfig": {"searches": [format!("{WORKERS_SVC}.{SLINKY_NS}.svc.cluster.local")]}})
+        };
+        if let (Some(s), Some(n)) = (spec.as_object_mut(), net.as_object()) {
+            s.extend(n.clone());
+        }
+        let ds: DaemonSet = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": format!("{INSTANCE}-{node}"), "namespace": SLINKY_NS},
+            "spec": {
+                "selector": {"matchLabels": {"app.kubernetes.io/name": "slurmd",
+                    "app.kubernetes.io/instance": INSTANCE, "nodeset.slinky.slurm.net/pod-hostname": node}},
+                "template": {
+                    "metadata": {
+                        "labels": {"app.kubernetes.io/name": "slurmd", "app.kubernetes.io/instance": INSTANCE,
+                            "app.kubernetes.io/component": "worker", "app.kubernetes.io/part-of": "slurm",
+                            "nodeset.slinky.slurm.net/pod-hostname": node,
+                            "nodeset.slinky.slurm.net/scaling-mode": "DaemonSet",
+                            "slinky.slurm.net/cluster": "slurm"},
+                        "annotations": {"kubectl.kubernetes.io/default-container": "slurmd"}
+                    },
+                    "spec": spec
                 }
             }
-        }
-    }))?;
-    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), SLINKY_NS);
-    apply(&sets, &ds).await?;
-    let what = "the slurmd DaemonSet to roll out";
-    if let Err(e) = wait_object(&sets, NODESET, 120, what, daemonset_rolled_out).await {
-        return Err(with_logs(client, e).await);
+        }))?;
+        apply(&sets, &ds).await?;
     }
-    let prefix = format!("{NODE} idle ");
-    let idle = wait_for(60, &format!("slurmd {NODE} idle in sinfo"), || async {
-        sinfo().is_ok_and(|s| s.lines().any(|l| l.starts_with(&prefix)))
+    for node in nodes {
+        let what = format!("the slurmd DaemonSet of {node} to roll out");
+        let name = format!("{INSTANCE}-{node}");
+        if let Err(e) = wait_object(&sets, &name, 120, &what, daemonset_rolled_out).await {
+            return Err(with_logs(client, e).await);
+        }
+    }
+    let names = nodes
+        .iter()
+        .map(|n| slurm_name(n, host_network))
+        .collect::<Result<Vec<_>>>()?;
+    let idle = wait_for(60, &format!("slurmd {names:?} idle in sinfo"), || async {
+        sinfo().is_ok_and(|s| {
+            names.iter().all(|n| {
+                let prefix = format!("{n} idle ");
+                s.lines().any(|l| l.starts_with(&prefix))
+            })
+        })
     })
     .await;
     if let Err(e) = idle {
-        return Err(with_logs(client, e).await);
+        let now = sinfo().unwrap_or_else(|e| format!("{e:#}"));
+        return Err(with_logs(client, anyhow!("{e:#}; sinfo shows {now:?}")).await);
+    }
+    // slurmctld records a dynamic node at the address it registered from: the pod's own, unless
+    // something on the way (kube-proxy's masquerading) rewrote it, and then nothing reaches slurmd
+    for node in nodes.iter().filter(|_| !host_network) {
+        let ip = slurmd_pod_on(client, node)
+            .await?
+            .status
+            .and_then(|s| s.pod_ip)
+            .unwrap_or_default();
+        let show = ctld(&["scontrol", "show", "node", node])?;
+        let addr = show
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("NodeAddr="))
+            .unwrap_or_default();
+        check(client, addr == ip, || {
+            format!("slurmctld has {node} at NodeAddr={addr}, want its slurmd pod's IP {ip} (a masqueraded registration: kube-proxy's masqueradeAll)")
+        })
+        .await?;
     }
     Ok(t.elapsed())
 }
 
-/// The slurmd pod.
-pub(crate) async fn slurmd_pod(client: &Client) -> Result<Pod> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), SLINKY_NS);
-    let list = pods
-        .list(&ListParams::default().labels(SLURMD_PODS))
-        .await?;
-    list.items
-        .into_iter()
-        .next()
-        .with_context(|| format!("no slurmd pod ({SLURMD_PODS}) in {SLINKY_NS}"))
+/// The status line of `GET <path>` on `port` of the pod, from its container (bash's /dev/tcp).
+fn http_status(pod: &str, container: &str, port: u16, path: &str) -> Result<String> {
+    let script = format!(
+        r#"exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n' >&3 && timeout 5 head -1 <&3"#
+    );
+    let out = kubectl(&[
+        "-n", SLINKY_NS, "exec", pod, "-c", container, "--", "bash", "-c", &script,
+    ])?;
+    Ok(out.trim().to_owned())
 }
 
-/// Waits up to `secs` for sinfo to show `NODE idle <gres>`; the Slinky logs when it does not.
-pub(crate) async fn wait_gres(client: &Client, secs: u64, gres: &str) -> Result<()> {
-    let want = format!("{NODE} idle {gres}");
-    let r = wait_for(secs, &format!("sinfo: {want}"), || async {
+/// The name slurmd on `node` registers under: its host name, the pod's `hostname` (the node's
+/// name) on the pod network; on the host network the node's host name, which on this test bed is
+/// the machine's (the nodes have no UTS namespace of their own).
+pub(crate) fn slurm_name(node: &str, host_network: bool) -> Result<String> {
+    if host_network {
+        let h = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+        Ok(h.trim().to_owned())
+    } else {
+        Ok(node.to_owned())
+    }
+}
+
+/// The slurmd pod on `node`.
+pub(crate) async fn slurmd_pod_on(client: &Client, node: &str) -> Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SLINKY_NS);
+    let sel = format!("{SLURMD_PODS},nodeset.slinky.slurm.net/pod-hostname={node}");
+    let list = pods.list(&ListParams::default().labels(&sel)).await?;
+    let mut live: Vec<Pod> = list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    ensure!(
+        live.len() == 1,
+        "{} slurmd pods ({sel}) in {SLINKY_NS}, want 1",
+        live.len()
+    );
+    Ok(live.remove(0))
+}
+
+/// The slurmd pod on node0.
+pub(crate) async fn slurmd_pod(client: &Client) -> Result<Pod> {
+    slurmd_pod_on(client, NODE).await
+}
+
+/// Waits up to `secs` for sinfo to show `<node> idle <gres>` for each of `nodes` and nothing
+/// else; the Slinky logs when it does not.
+pub(crate) async fn wait_gres(
+    client: &Client,
+    secs: u64,
+    nodes: &[String],
+    gres: &str,
+) -> Result<()> {
+    let want = nodes
+        .iter()
+        .map(|n| format!("{n} idle {gres}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let r = wait_for(secs, &format!("sinfo: {want:?}"), || async {
         sinfo().is_ok_and(|s| s == want)
     })
     .await;
@@ -543,18 +737,23 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
         fs.trim()
     );
     let t = Instant::now();
-    let ip = controller_up(client, bed, "nvml", true).await?;
+    controller_up(client, bed, "nvml", true).await?;
     bed.timing("slinky-slurmctld-ready", &format!("{} ms", ms(t.elapsed())));
     let s = ctld(&[
         "sh",
         "-c",
-        r#"readlink -f /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/slurmstepd | tr "\n" " "; id slurm"#,
+        r#"readlink -f /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/slurmstepd | tr "\n" " "; id slurm; id -u"#,
     ])?;
-    println!("  slurmctld at {ip}; {}", s.trim());
+    println!("  slurmctld: {}", s.trim().replace('\n', "; "));
     let uid = slurm_uid()?;
     ensure!(
         s.contains(&format!("uid={uid}(slurm) gid={uid}(slurm)")),
         "the slurmd image's slurm user is not {uid}:{uid}: {s}"
+    );
+    ensure!(
+        s.lines().last() == Some(uid.as_str()),
+        "kubectl exec into slurmctld runs as uid {:?}, want {uid} (runAsUser)",
+        s.lines().last()
     );
     let owner = ctld(&["stat", "-c", "%u", "/etc/slurm/slurm.key"])?;
     ensure!(
@@ -562,8 +761,18 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
         "slurm.key in slurmctld is owned by {}, want slurm ({uid})",
         owner.trim()
     );
-    let took = nodeset_up(client, &ip).await?;
+    for path in ["/livez", "/readyz"] {
+        let st = http_status(CTLD, "slurmctld", 6817, path);
+        println!("  slurmctld GET {path} on 6817: {st:?}");
+    }
+    let took = nodeset_up(client, &[NODE.to_owned()], false).await?;
     bed.timing("slinky-slurmd-idle", &format!("{} ms", ms(took)));
+    let pod = slurmd_pod(client).await?;
+    let pod = pod.metadata.name.unwrap_or_default();
+    for path in ["/livez", "/readyz"] {
+        let st = http_status(&pod, "slurmd", 6818, path);
+        println!("  slurmd GET {path} on 6818: {st:?}");
+    }
     let sockets = gres_sockets(bed)?;
     ensure!(!sockets.is_empty(), "no socket found for the served GPUs");
     let s = sinfo()?;
@@ -581,6 +790,17 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
     ensure!(
         s == "CUDA_VISIBLE_DEVICES=0,1",
         "srun -N1 --gres=gpu:2 env: want CUDA_VISIBLE_DEVICES=0,1, got {s}"
+    );
+    // jobs run as the submitting user: slurm (401), slurmctld's user, as in Slinky
+    let who = match srun(&["sh", "-c", "echo $(id -u):$(id -g)"]) {
+        Ok(s) => s,
+        Err(e) => return Err(with_logs(client, e.context("srun id")).await),
+    };
+    println!("  srun from slurmctld: the job runs as {}", who.trim());
+    ensure!(
+        who.trim() == format!("{uid}:{uid}"),
+        "srun from slurmctld: the job runs as {}, want {uid}:{uid} (slurm, slurmctld's user)",
+        who.trim()
     );
     // the README's verification with ConstrainDevices=yes: exactly the two GPUs Slurm gave the
     // job (their UUIDs); in the job (uid 401, as Slinky's), the other two nodes refuse to open
