@@ -415,6 +415,10 @@ pub async fn chart_install(bed: &Bed) -> Result<()> {
     let four = |n: Option<&Node>| allocatable(n).as_deref() == Some("4");
     let what = format!("allocatable {RES} = 4 with the chart's agent");
     let node = wait_object(&nodes, NODE, 60, &what, four).await?;
+    // the workers' too: `helm test`'s doctor may run on any of them and checks its node's
+    for name in bed_nodes()?.iter().filter(|n| *n != NODE) {
+        wait_object(&nodes, name, 60, &format!("{name}: {what}"), four).await?;
+    }
     let cols = guide(bed, "kubectl get nodes -o custom-columns", &[])
         .context("the README's kubectl get nodes")?;
     for l in cols.lines() {
@@ -837,8 +841,9 @@ async fn remediation(bed: &Bed, client: &Client) -> Result<()> {
 }
 
 /// A slurmd pod deleted (the last node's) comes back on its node, its slurmd registers again
-/// (a new SlurmdStartTime) with the same GPUs, and the controller sees no drift: no new Drifted
-/// event on the GpuNode, no Drifted condition.
+/// (a new SlurmdStartTime); the node is down with the operator's preStop reason until resumed,
+/// then idle with the same GPUs, and the controller sees no drift: no new Drifted event on the
+/// GpuNode, no Drifted condition.
 async fn recreated_same_gpus(
     client: &Client,
     gpunodes: &Api<GpuNode>,
@@ -889,6 +894,33 @@ async fn recreated_same_gpus(
     if let Err(e) = again {
         return Err(slinky::with_logs(client, e).await);
     }
+    // the operator's preStop took the node down before slurmd stopped, and a registration does
+    // not bring a node an administrator set down back (ReturnToService): something must resume
+    // it, as an administrator would (the test bed has no operator to do it)
+    let show = slinky::ctld(&["scontrol", "show", "node", node])?;
+    let state = show
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("State="))
+        .unwrap_or_default()
+        .to_owned();
+    // (Reason=<text with spaces> [<user>@<time>], a line of its own)
+    let reason = show
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Reason="))
+        .unwrap_or_default()
+        .to_owned();
+    slinky::check(
+        client,
+        state.starts_with("DOWN") && reason.starts_with("slurm-operator: Pod is terminating"),
+        || format!("{node} after its slurmd pod's preStop: State={state} Reason={reason}, want DOWN with the preStop's reason"),
+    )
+    .await?;
+    slinky::ctld(&[
+        "scontrol",
+        "update",
+        &format!("nodename={node}"),
+        "state=resume",
+    ])?;
     slinky::wait_gres(client, 60, names, gres).await?;
     let events = gpunode_events_of(client, node).await?;
     let conditions = conditions_of(gpunodes, node).await?;
@@ -899,7 +931,7 @@ async fn recreated_same_gpus(
         conditions.join(" ")
     );
     println!(
-        "  slurmd pod {name} on {node} deleted: recreated and registered again in {} ms, {node} idle {gres}; no Drifted (conditions: {})",
+        "  slurmd pod {name} on {node} deleted: recreated and registered again ({state}, {reason:?} after the preStop; resumed) in {} ms, {node} idle {gres}; no Drifted (conditions: {})",
         ms(t.elapsed()),
         conditions.join(" ")
     );

@@ -264,6 +264,25 @@ async fn wait_ready(client: &Client, name: &str) -> Result<Pod> {
     }
 }
 
+/// The operator's probes of slurmctld and slurmd: HTTP `GET /livez` (startup, liveness) and
+/// `/readyz` (readiness) on the daemon's own port (Slurm 25.11 and later answer them there), every
+/// 2 s instead of the operator's 10 s (so that the steps do not wait for a period).
+fn http_probes(port: &str) -> Value {
+    let get = |path: &str, failures: u32| {
+        json!({"httpGet": {"path": path, "port": port, "scheme": "HTTP"},
+            "periodSeconds": 2, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": failures})
+    };
+    json!({"startupProbe": get("/livez", 6), "livenessProbe": get("/livez", 6),
+        "readinessProbe": get("/readyz", 3)})
+}
+
+/// Merges the object `extra` into the object `v`.
+fn merge(v: &mut Value, extra: Value) {
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+}
+
 /// The operator's Services: `slurm-controller` and `slurm-restapi` (ClusterIP, by the pods' named
 /// ports) and the slurmd pods' headless `slurm-workers-slurm` (their `subdomain`, with the
 /// addresses of pods not yet ready).
@@ -343,7 +362,7 @@ exec slurmctld -D
         need(&uid)
     );
     let id: i64 = uid.parse().context("$SLURM_UID")?;
-    let pod: Pod = serde_json::from_value(json!({
+    let mut pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": CTLD, "namespace": SLINKY_NS, "labels": {
             "app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": "slurm",
@@ -378,7 +397,9 @@ exec slurmctld -D
                 {"name": "slurm-key", "secret": {"secretName": "slurm-auth-slurm", "defaultMode": 0o600}},
                 {"name": "jwt-key", "secret": {"secretName": "slurm-auth-jwt", "defaultMode": 0o600}}]
         }
-    }))?;
+    });
+    merge(&mut pod["spec"]["containers"][0], http_probes("slurmctld"));
+    let pod: Pod = serde_json::from_value(pod)?;
     apply(&Api::namespaced(client.clone(), SLINKY_NS), &pod).await?;
     wait_ready(client, CTLD).await?;
     if let Err(e) = wait_for(60, "slurmctld to answer scontrol ping", || async {
@@ -519,15 +540,17 @@ pub(crate) async fn nodeset_up(
                     {"secret": {"name": "slurm-auth-slurm", "items": [{"key": "slurm.key", "path": "slurm.key"}]}}]}},
                 {"name": "slurm-logfile", "emptyDir": {"medium": "Memory"}}]
         });
+        merge(&mut spec["containers"][0], http_probes("slurmd"));
+        // the operator's preStop: Slurm takes the node down before slurmd stops
+        spec["containers"][0]["lifecycle"] = json!({"preStop": {"exec": {"command": ["/usr/bin/sh", "-c",
+            "scontrol update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating';"]}}});
         let net = if host_network {
             json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"})
         } else {
             json!({"hostname": node, "subdomain": WORKERS_SVC, "dnsPolicy": "ClusterFirst",
                 "dnsConfig": {"searches": [format!("{WORKERS_SVC}.{SLINKY_NS}.svc.cluster.local")]}})
         };
-        if let (Some(s), Some(n)) = (spec.as_object_mut(), net.as_object()) {
-            s.extend(n.clone());
-        }
+        merge(&mut spec, net);
         let ds: DaemonSet = serde_json::from_value(json!({
             "apiVersion": "apps/v1", "kind": "DaemonSet",
             "metadata": {"name": format!("{INSTANCE}-{node}"), "namespace": SLINKY_NS},
@@ -868,6 +891,76 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
     ensure!(
         side == (0, 0, 0, false),
         "the logfile sidecar got an injection: mounts, LD_PRELOAD, devices, /proc/driver/nvidia = {side:?}"
+    );
+    host_network_variant(bed, client, &sockets).await
+}
+
+/// The user guide's "Host Network" option: the slurmd pod on the node's network
+/// (`hostNetwork`, `ClusterFirstWithHostNet`) is injected and registers its GPUs as the
+/// pod-network one does, under the node's host name.
+async fn host_network_variant(bed: &Bed, client: &Client, sockets: &str) -> Result<()> {
+    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), SLINKY_NS);
+    let name = format!("{INSTANCE}-{NODE}");
+    sets.delete(&name, &Default::default()).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SLINKY_NS);
+    let gone = wait_for(60, "the pod-network slurmd pod gone", || async {
+        pods.list(&ListParams::default().labels(SLURMD_PODS))
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+    })
+    .await;
+    if let Err(e) = gone {
+        return Err(with_logs(client, e).await);
+    }
+    ctld(&["scontrol", "delete", &format!("nodename={NODE}")])
+        .context("scontrol delete nodename (the pod-network slurmd's record)")?;
+    let t = Instant::now();
+    nodeset_up(client, &[NODE.to_owned()], true).await?;
+    bed.timing(
+        "slinky-hostnet-slurmd-idle",
+        &format!("{} ms", ms(t.elapsed())),
+    );
+    let host = slurm_name(NODE, true)?;
+    let want = format!("{host} idle gpu:nvidia_gb300:4(S:{sockets})");
+    let s = sinfo()?;
+    check(client, s == want, || {
+        format!("host network: sinfo: want {want:?}, got {s:?}")
+    })
+    .await?;
+    let pod = slurmd_pod(client).await?;
+    let on_host = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+    let inj = injection(client, "slurmd").await?;
+    let job = ctld(&[
+        "timeout",
+        "60",
+        "srun",
+        "-D",
+        "/",
+        "-N1",
+        "-w",
+        &host,
+        "--gres=gpu:2",
+        "sh",
+        "-c",
+        r#"echo "$CUDA_VISIBLE_DEVICES $(ls /proc/driver/nvidia/gpus | wc -l)""#,
+    ]);
+    let job = match job {
+        Ok(j) => j,
+        Err(e) => return Err(with_logs(client, e.context("host network: srun")).await),
+    };
+    println!(
+        "  host network (hostNetwork {on_host}, ClusterFirstWithHostNet): sinfo {s}; injection {inj:?}; srun -w {host} --gres=gpu:2: CUDA_VISIBLE_DEVICES and GPUs {}",
+        job.trim()
+    );
+    let (m, p, d, n) = inj;
+    ensure!(
+        on_host && m >= 2 && p == 1 && d >= 4 && n,
+        "host network: the slurmd pod (hostNetwork {on_host}) is not injected: {inj:?}"
+    );
+    ensure!(
+        job.trim() == "0,1 4",
+        "host network: srun --gres=gpu:2: want \"0,1 4\" (CUDA_VISIBLE_DEVICES, GPUs in /proc/driver/nvidia/gpus), got {:?}",
+        job.trim()
     );
     Ok(())
 }
