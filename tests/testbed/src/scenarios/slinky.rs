@@ -29,8 +29,8 @@ use crate::cluster::{
     NODE, RES, apply, client, create_namespace, daemonset_rolled_out, delete_namespace, kubectl,
     label, pod_ready, pods_report, wait_object,
 };
-use crate::node::{gpu_uuids, ms};
-use crate::slurm::{OPEN_GPUS, gres_sockets};
+use crate::node::ms;
+use crate::slurm::{OPEN_GPUS, VERIFY, check_open, check_verify, gres_sockets};
 
 /// Slinky's namespace.
 pub(crate) const SLINKY_NS: &str = "slurm";
@@ -827,43 +827,18 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
     );
     // the README's verification with ConstrainDevices=yes: exactly the two GPUs Slurm gave the
     // job (their UUIDs); in the job (uid 401, as Slinky's), the other two nodes refuse to open
-    let uuids = gpu_uuids(bed)?;
-    let uuid = |minor: u32| {
-        uuids
-            .iter()
-            .find(|(m, _)| *m == minor)
-            .map_or("", |(_, u)| u.as_str())
-    };
-    let s = match srun(&[
-        "--gres=gpu:2",
-        "bash",
-        "-c",
-        r#"echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; nvidia-smi -L"#,
-    ]) {
+    let s = match srun(&["--gres=gpu:2", "sh", "-c", VERIFY]) {
         Ok(s) => s,
         Err(e) => return Err(with_logs(client, e.context("srun nvidia-smi -L")).await),
     };
-    let s = s.trim_end();
-    for l in s.lines() {
-        println!("  ConstrainDevices=yes: srun --gres=gpu:2 nvidia-smi -L: {l}");
-    }
-    let want = format!(
-        "CUDA_VISIBLE_DEVICES=0,1\nGPU 0: NVIDIA GB300 (UUID: {})\nGPU 1: NVIDIA GB300 (UUID: {})",
-        uuid(0),
-        uuid(1)
-    );
-    ensure!(
-        s == want,
-        "the README's verification with ConstrainDevices=yes: want\n{want}\ngot\n{s}"
-    );
+    check_verify(
+        bed,
+        &s,
+        "ConstrainDevices=yes: srun --gres=gpu:2 nvidia-smi -L",
+    )?;
     let s =
         srun(&["--gres=gpu:2", "sh", "-c", OPEN_GPUS]).context("srun: opening the GPU nodes")?;
-    let s = s.trim_end();
-    println!("  open in a job with gpu:2: {}", s.replace('\n', ";"));
-    ensure!(
-        s == "0 ok\n1 ok\n2 Operation not permitted\n3 Operation not permitted",
-        "opening the GPU nodes in a job: want 0 and 1 to open, EPERM for 2 and 3; got\n{s}"
-    );
+    check_open(&s)?;
     let s = match srun(&["ls", "/proc/driver/nvidia/gpus"]) {
         Ok(s) => s,
         Err(e) => return Err(with_logs(client, e).await),

@@ -44,6 +44,44 @@ const JWT_FORGED: &str = "/run/mgtb-jwt-forged";
 /// Opening each `/dev/nvidia<m>` read-write in a job: `<m> ok` or `<m> <the shell's error>`.
 pub(crate) const OPEN_GPUS: &str = r#"for m in 0 1 2 3; do if e=$( (exec 3<> /dev/nvidia$m) 2>&1); then echo "$m ok"; else echo "$m ${e##*: }"; fi; done"#;
 
+/// The guide's verification, as a job's command (`srun --gres=gpu:2 sh -c VERIFY`).
+pub(crate) const VERIFY: &str =
+    r#"echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; nvidia-smi -L"#;
+
+/// The verification's output with `ConstrainDevices=yes`: exactly the two GPUs Slurm gave the job
+/// (minors 0 and 1, by their UUIDs in the agent's tree) as GPU 0 and 1.
+pub(crate) fn check_verify(bed: &Bed, out: &str, what: &str) -> Result<()> {
+    let uuids = gpu_uuids(bed)?;
+    let uuid = |minor: u32| {
+        uuids
+            .iter()
+            .find(|(m, _)| *m == minor)
+            .map_or("", |(_, u)| u.as_str())
+    };
+    let s = out.trim_end();
+    for l in s.lines() {
+        println!("  {what}: {l}");
+    }
+    let want = format!(
+        "CUDA_VISIBLE_DEVICES=0,1\nGPU 0: NVIDIA GB300 (UUID: {})\nGPU 1: NVIDIA GB300 (UUID: {})",
+        uuid(0),
+        uuid(1)
+    );
+    ensure!(s == want, "{what}: want\n{want}\ngot\n{s}");
+    Ok(())
+}
+
+/// `OPEN_GPUS`' output in a job given GPUs 0 and 1: the device cgroup refuses the other two.
+pub(crate) fn check_open(out: &str) -> Result<()> {
+    let s = out.trim_end();
+    println!("  open in a job with gpu:2: {}", s.replace('\n', ";"));
+    ensure!(
+        s == "0 ok\n1 ok\n2 Operation not permitted\n3 Operation not permitted",
+        "opening the GPU nodes in a job: want 0 and 1 to open, EPERM for 2 and 3; got\n{s}"
+    );
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Slurm's configuration and daemons
 
@@ -1240,56 +1278,23 @@ pub async fn constrain_devices(bed: &Bed) -> Result<()> {
     wait_idle(bed, 30, "slurmd to register idle", NODE).await?;
     let cgroup_conf = std::fs::read_to_string(bed.node_path("/etc/slurm/cgroup.conf"))?;
     println!("  cgroup.conf: {}", cgroup_conf.replace('\n', " "));
-    let uuids = gpu_uuids(bed)?;
-    let uuid = |minor: u32| {
-        uuids
-            .iter()
-            .find(|(m, _)| *m == minor)
-            .map_or("", |(_, u)| u.as_str())
-    };
     // the guide's verification: two GPUs, those Slurm allocated (minors 0 and 1), as GPU 0 and 1
-    let s = srun_ok(
-        bed,
-        &[
-            "--gres=gpu:2",
-            "sh",
-            "-c",
-            r#"echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; nvidia-smi -L"#,
-        ],
-    )
-    .map_err(|e| with_logs(bed, e.context("srun --gres=gpu:2 nvidia-smi -L")))?;
-    let s = s.trim_end();
-    for l in s.lines() {
-        println!("  srun --gres=gpu:2 nvidia-smi -L: {l}");
-    }
-    let want = format!(
-        "CUDA_VISIBLE_DEVICES=0,1\nGPU 0: NVIDIA GB300 (UUID: {})\nGPU 1: NVIDIA GB300 (UUID: {})",
-        uuid(0),
-        uuid(1)
-    );
-    ensure!(
-        s == want,
-        "srun --gres=gpu:2 nvidia-smi -L: want\n{want}\ngot\n{s}"
-    );
+    let s = srun_ok(bed, &["--gres=gpu:2", "sh", "-c", VERIFY])
+        .map_err(|e| with_logs(bed, e.context("srun --gres=gpu:2 nvidia-smi -L")))?;
+    check_verify(bed, &s, "srun --gres=gpu:2 nvidia-smi -L")?;
     // opening the nodes in the job: the device cgroup refuses the other two before any driver is
     // looked up; the allocated ones pass it, find no driver behind 195:N (ENXIO), and the shim
     // (in the job through /etc/ld.so.preload) opens /dev/null in their place
     let s = srun_ok(bed, &["--gres=gpu:2", "sh", "-c", OPEN_GPUS])
         .context("srun: opening the GPU nodes")?;
-    let s = s.trim_end();
-    for l in s.lines() {
-        println!("  open in a job with gpu:2: {l}");
-    }
-    ensure!(
-        s == "0 ok\n1 ok\n2 Operation not permitted\n3 Operation not permitted",
-        "opening the GPU nodes in a job: want 0 and 1 to open, EPERM for 2 and 3; got\n{s}"
-    );
+    check_open(&s)?;
     // two jobs at once get disjoint pairs: the first holds its GPUs until the second has listed
     let (a, b) = concurrent_jobs(bed, &mut cri, &slurmd).await?;
     let ua = uuids_in(&a);
     let ub = uuids_in(&b);
     let show = |u: &[String]| u.iter().map(|u| format!("UUID: {u} ")).collect::<String>();
     println!("  concurrent jobs: {}| {}", show(&ua), show(&ub));
+    let uuids = gpu_uuids(bed)?;
     let first: Vec<String> = uuids
         .iter()
         .filter(|(m, _)| *m < 2)
