@@ -119,6 +119,11 @@ step "Kubernetes binaries and Helm (tests/build-k8s.sh; cached)"
 bash tests/build-k8s.sh
 step "the Helm chart: lint, rendered value sets, schema, configuration reference"
 bash tests/chart.sh
+# built once for both cluster-mode runs; a tree whose images are built already costs the layer
+# cache's checks only (tests/images-build.sh; its caches in /var/tmp/mgimages)
+step "the product images from images/*.Dockerfile, as the README's docker build lines, by buildah (tests/images-build.sh)"
+PRODUCT_IMAGES=$(bash tests/images-build.sh | tail -1)
+export PRODUCT_IMAGES
 step "node test bed, cluster mode (trixie: containerd 1.7)"
 CLUSTER=1 bash tests/testbed/run.sh
 step "node test bed, cluster mode on Debian sid (containerd 2.x)"
