@@ -15,7 +15,7 @@
 #               touched; --runroot in /run/<basename of $MGI>), with the layer cache (--layers): a step
 #               whose inputs are unchanged is not run again (the build stage's apt and rustup
 #               layers; the whole image for an unchanged tree)
-#   tmp/buildah-cache-0/   the Dockerfiles' `RUN --mount=type=cache` directories: cargo's registry
+#   tmp/buildah-cache/   the Dockerfiles' `RUN --mount=type=cache` directories: cargo's registry
 #               and the target directory, so a changed source file rebuilds only what depends on it
 #   debs/       debootstrap's packages
 # Remove $MGI (`rm -rf /var/tmp/mgimages`, after `umount` of anything below it) to start cold.
@@ -34,7 +34,7 @@ fail() { log "FAIL: $*"; exit 1; }
 # runc: crun refuses this machine's hybrid cgroup layout (v1 controllers and cgroup2)
 bash tests/apt-ensure.sh buildah runc debootstrap
 mkdir -p "$MGI/tmp" "$MGI/debs" "$RUNROOT"
-# buildah keeps the cache mounts of RUN --mount=type=cache in $TMPDIR/buildah-cache-<uid>
+# buildah keeps the cache mounts of RUN --mount=type=cache in $TMPDIR/buildah-cache
 export TMPDIR=$MGI/tmp
 B=(buildah --root "$MGI/storage" --runroot "$RUNROOT" --storage-driver overlay)
 # one build at a time: two test beds (trixie, sid) may ask at once; they share the result
