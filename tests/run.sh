@@ -52,7 +52,7 @@ summary() {
 # CI builds everything once: incremental caches would only take disk.
 if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
 # Measured: from cold caches, the target directories (4.1 GB x86_64, 3.6 GB aarch64), the roots
-# and caches in /var/tmp (12 GB) and the Go build cache while Kubernetes builds (5 GB); a run on
+# and caches in /var/tmp (12 GB, and 3 GB of the product images' in /var/tmp/mgimages) and the Go build cache while Kubernetes builds (5 GB); a run on
 # warm caches took 8 GB of free space.
 NEED_GIB=${NEED_GIB:-30}
 FREE_GIB=$(free_gib .)
