@@ -9,7 +9,8 @@
 # (--pull=never): both are made here from one debootstrap of trixie (minbase, as Debian's official
 # images are; slim: documentation, man pages and locales removed and kept out by dpkg, as
 # debuerreotype's slimify does) and tagged docker.io/library/debian:trixie(-slim), the names the
-# FROM lines resolve to. They are remade when this script's recipe or the mirror changes.
+# FROM lines resolve to. They are remade when this script's recipe, the mirror or the machine's
+# own certificate authorities (which the build stage's base trusts, see make_bases) change.
 # Caches, all in $MGI (/var/tmp/mgimages), reused by every run:
 #   storage/    buildah's own storage (overlay; --root, so the host's default storage is never
 #               touched; --runroot in /run/<basename of $MGI>), with the layer cache (--layers): a step
@@ -82,7 +83,7 @@ commit_root() {  # commit_root <root> <image>: an image of one layer, the root's
   mnt=$("${B[@]}" mount "$ctr")
   cp -a "$1/." "$mnt/"
   "${B[@]}" umount "$ctr" > /dev/null
-  "${B[@]}" config --os linux --arch amd64 --cmd bash \
+  "${B[@]}" config --os linux --arch "$ARCH" --cmd bash \
     --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$ctr"
   "${B[@]}" commit --quiet --rm "$ctr" "$2" > /dev/null
 }
@@ -188,8 +189,8 @@ products() {
     rm -rf "$O" "$MGI/product.tar" "$MGI/product.ids"
     while read -r img _; do
       [ -n "$img" ] || continue
-      # uncompressed layers: containerd imports them as they are, and gzip would cost seconds
-      "${B[@]}" push --quiet --disable-compression "$img" "oci:$O:$img"
+      # one layout for both: the slim base layer is stored once
+      "${B[@]}" push --quiet "$img" "oci:$O:$img"
     done <<< "$ids"
     # containerd names each image by this annotation (ctr images import)
     python3 - "$O/index.json" <<'EOF'
