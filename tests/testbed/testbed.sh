@@ -29,7 +29,9 @@
 #      CRI_BIN, AGENT_BIN, CONTROLLER_BIN (built binaries, default target/release; the agent
 #      carries the shim),
 #      AGENT_ARGS (extra `serve` flags), LAT_N (20), AGENT_RESTART_PAUSE (0 s),
-#      STEPS (a subset of the `all` steps, in order), SCENARIOS (a subset of the scenario steps).
+#      STEPS (a subset of the `all` steps, in order), SCENARIOS (a subset of the scenario steps),
+#      PRODUCT_IMAGES (cluster mode: the OCI archive of the product images; default: built by
+#      tests/images-build.sh; `none`: without them).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -242,6 +244,7 @@ build_images() {  # one OCI archive: localhost/pause:1 = localhost/busybox:1 (bu
 # the product images: localhost/mockgpu-<name>:1, one per images/<name>.Dockerfile, built from
 # it by buildah as `docker build` builds it (tests/images-build.sh: local Debian base images, the
 # layer and cargo caches in /var/tmp/mgimages), one OCI archive; PRODUCT_IMAGES names one to use
+# (`none`: no product images, for a run that starts none of them, such as bench/controller-scale.sh)
 build_product_images() {
   if [ -n "${PRODUCT_IMAGES:-}" ]; then [ -s "$PRODUCT_IMAGES" ] || fail "no OCI archive at PRODUCT_IMAGES=$PRODUCT_IMAGES"; return 0; fi
   local t; t=$(date +%s%N)
@@ -298,7 +301,8 @@ phase_up() {
   # a hard link (before $R becomes a mount point: links do not cross mounts) or a copy
   mkdir -p "$R/var/lib/mgtb"
   ln -f "$TB/images/all.tar" "$R/var/lib/mgtb/images.tar" 2>/dev/null || cp -f "$TB/images/all.tar" "$R/var/lib/mgtb/images.tar"
-  if [ "$CLUSTER" = 1 ]; then
+  rm -f "$R/var/lib/mgtb/product.tar"
+  if [ "$CLUSTER" = 1 ] && [ "${PRODUCT_IMAGES:-}" != none ]; then
     build_product_images
     ln -f "$PRODUCT_IMAGES" "$R/var/lib/mgtb/product.tar" 2>/dev/null || cp -f "$PRODUCT_IMAGES" "$R/var/lib/mgtb/product.tar"
   fi
@@ -323,7 +327,7 @@ phase_up() {
   start_containerd
   innode ctr -n k8s.io images import /var/lib/mgtb/images.tar > /dev/null
   local img imgs want="pause busybox slurmd"
-  if [ "$CLUSTER" = 1 ]; then
+  if [ -e "$R/var/lib/mgtb/product.tar" ]; then
     innode ctr -n k8s.io images import /var/lib/mgtb/product.tar > /dev/null
     for img in "$REPO"/images/*.Dockerfile; do want="$want mockgpu-$(basename "$img" .Dockerfile)"; done
   fi
