@@ -35,6 +35,8 @@ CONTROLLER_BIN=${CONTROLLER_BIN:-$REPO/target/release/mockgpu-controller}
 BEFORE_BIN=${BEFORE_BIN:-}
 export CRI_BIN=${CRI_BIN:-$REPO/target/release/mgtb-cri} CLUSTER=1 RUST_BACKTRACE=0
 TESTBED=("bash" "$REPO/tests/testbed/testbed.sh")
+# the bench starts no pod of the product images: the cluster comes up without them (no build)
+export PRODUCT_IMAGES=${PRODUCT_IMAGES:-none}
 OUT=$REPO/bench/out/controller-scale.txt
 RSS_TARGET_KIB=8; CPU_TARGET_X=1.5
 for v in COUNT GPUS RUNS; do

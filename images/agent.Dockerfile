@@ -7,8 +7,11 @@
 # cross-compiles with the Rust toolchain that rust-toolchain.toml pins (the tests' own, installed
 # by rustup-init from static.rust-lang.org, pinned by version and checksum, with the standard
 # library for the target architecture) and Debian's GNU toolchain: no emulation while compiling.
-# tests/images.sh checks that every file this copies out of target/<triple>/release exists after
-# a release build for that triple.
+# cargo's registry and target directory are cache mounts (BuildKit's and buildah's), so a
+# rebuild compiles only what changed. CI builds this file with buildah, with the arguments of the
+# README's `docker build` line (tests/images-build.sh), and the test bed's cluster mode runs the
+# result (product-images, the chart's steps); tests/images.sh checks that every file this copies
+# out of target/<triple>/release exists after a release build for that triple.
 
 FROM --platform=$BUILDPLATFORM debian:trixie AS build
 ARG BUILDARCH
@@ -19,7 +22,9 @@ WORKDIR /src
 COPY rust-toolchain.toml ./
 RUN cross-build toolchain "$TARGETARCH" "$BUILDARCH"
 COPY . .
-RUN triple=$(cross-build cargo "$TARGETARCH" mockgpu-agent mockfs-shim) \
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    triple=$(cross-build cargo "$TARGETARCH" mockgpu-agent mockfs-shim) \
  && install -D -m 755 "target/$triple/release/mockgpu-agent" /out/usr/bin/mockgpu-agent \
  && install -D -m 644 "target/$triple/release/libmockfs.so" /out/usr/lib/mockgpu/libmockfs.so
 

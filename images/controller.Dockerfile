@@ -7,8 +7,11 @@
 # toolchain, no emulation. The final image is trixie-slim
 # (the glibc the binary was linked against) with the CA bundle, and runs as the unprivileged
 # user 65532, as the chart's securityContext asks.
-# tests/images.sh checks that every file this copies out of target/<triple>/release exists after
-# a release build for that triple.
+# cargo's registry and target directory are cache mounts (BuildKit's and buildah's), so a
+# rebuild compiles only what changed. CI builds this file with buildah, with the arguments of the
+# README's `docker build` line (tests/images-build.sh), and the test bed's cluster mode runs the
+# result (product-images, the chart's steps); tests/images.sh checks that every file this copies
+# out of target/<triple>/release exists after a release build for that triple.
 
 FROM --platform=$BUILDPLATFORM debian:trixie AS build
 ARG BUILDARCH
@@ -19,7 +22,9 @@ WORKDIR /src
 COPY rust-toolchain.toml ./
 RUN cross-build toolchain "$TARGETARCH" "$BUILDARCH"
 COPY . .
-RUN triple=$(cross-build cargo "$TARGETARCH" mockgpu-controller) \
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    triple=$(cross-build cargo "$TARGETARCH" mockgpu-controller) \
  && install -D -m 755 "target/$triple/release/mockgpu-controller" /out/usr/bin/mockgpu-controller \
  && install -D -m 644 /etc/ssl/certs/ca-certificates.crt /out/etc/ssl/certs/ca-certificates.crt
 

@@ -9,8 +9,8 @@
 #       image has it (the build copies /out/ to /)
 #   images.sh config DOCKERFILE      the OCI image config (Entrypoint, Cmd, User, Env) of its final
 #       stage, as JSON
-# The test bed's image builder (tests/testbed/testbed.sh build_product_images) assembles the same
-# images from the same two answers.
+# The images themselves are built from the Dockerfiles by buildah (tests/images-build.sh); the test
+# bed's product-images scenario checks them against these two answers.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

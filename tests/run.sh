@@ -52,7 +52,7 @@ summary() {
 # CI builds everything once: incremental caches would only take disk.
 if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
 # Measured: from cold caches, the target directories (4.1 GB x86_64, 3.6 GB aarch64), the roots
-# and caches in /var/tmp (12 GB) and the Go build cache while Kubernetes builds (5 GB); a run on
+# and caches in /var/tmp (12 GB, and 3 GB of the product images' in /var/tmp/mgimages) and the Go build cache while Kubernetes builds (5 GB); a run on
 # warm caches took 8 GB of free space.
 NEED_GIB=${NEED_GIB:-30}
 FREE_GIB=$(free_gib .)
@@ -119,6 +119,11 @@ step "Kubernetes binaries and Helm (tests/build-k8s.sh; cached)"
 bash tests/build-k8s.sh
 step "the Helm chart: lint, rendered value sets, schema, configuration reference"
 bash tests/chart.sh
+# built once for both cluster-mode runs; a tree whose images are built already costs the layer
+# cache's checks only (tests/images-build.sh; its caches in /var/tmp/mgimages)
+step "the product images from images/*.Dockerfile, as the README's docker build lines, by buildah (tests/images-build.sh)"
+PRODUCT_IMAGES=$(bash tests/images-build.sh | tail -1)
+export PRODUCT_IMAGES
 step "node test bed, cluster mode (trixie: containerd 1.7)"
 CLUSTER=1 bash tests/testbed/run.sh
 step "node test bed, cluster mode on Debian sid (containerd 2.x)"

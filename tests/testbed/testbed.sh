@@ -31,6 +31,8 @@
 #      AGENT_ARGS (extra `serve` flags), LAT_N (20), AGENT_RESTART_PAUSE (0 s),
 #      STEPS (a subset of the `all` steps, in order), SCENARIOS (a subset of the scenario steps),
 #      NODES (cluster mode: node0 and NODES-1 workers, default 2; cluster.sh).
+#      PRODUCT_IMAGES (cluster mode: the OCI archive of the product images; default: built by
+#      tests/images-build.sh; `none`: without them).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -233,44 +235,27 @@ build_images() {  # one OCI archive: localhost/pause:1 = localhost/busybox:1 (bu
     --exclude=./etc/containerd --exclude=./etc/slurm/* --exclude=./opt/* --exclude=./.oldroot --exclude=./usr/local/* .
   "${TAR[@]}" -C "$W/ids" -rf "$W/slurmd.tar" ./etc/passwd ./etc/group
   local lsize; lsize=$(stat -c %s "$W/slurmd.tar")
-  # the base layer of the product images too (build_product_images): kept, with its digest
-  sha256sum "$W/slurmd.tar" | cut -d' ' -f1 > "$TB/images/base.sha"
   read -r ssha ssize < <(oci_manifest "$W/oci" '{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Cmd":["/bin/sleep","infinity"],"WorkingDir":"/"}' "$W/slurmd.tar")
   echo '{"imageLayoutVersion":"1.0.0"}' > "$W/oci/oci-layout"
   printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[%s,%s,%s]}' \
     "$(oci_index_entry pause "$bsha" "$bsize")" "$(oci_index_entry busybox "$bsha" "$bsize")" \
     "$(oci_index_entry slurmd "$ssha" "$ssize")" > "$W/oci/index.json"
   tar -C "$W/oci" -cf "$TB/images/all.tar" .
-  mv "$W/oci/blobs/sha256/$(cat "$TB/images/base.sha")" "$TB/images/base.tar"; rm -rf "$W"; echo "$key" > "$TB/images/key"
+  rm -rf "$W"; echo "$key" > "$TB/images/key"
   timing image-build "$(ms "$t") ms (slurmd layer $(( lsize / 1048576 )) MiB)"
 }
 
-# the product images (images/*.Dockerfile, as users' CI builds them with Docker): the release
-# binaries at the paths each Dockerfile installs them, over the node root's Debian layer (the
-# slurmd image's), with its entry point and user; localhost/mockgpu-<name>:1 (tests/images.sh
-# reads both from the Dockerfiles)
+# the product images: localhost/mockgpu-<name>:1, one per images/<name>.Dockerfile, built from
+# it by buildah as `docker build` builds it (tests/images-build.sh: local Debian base images, the
+# layer and cargo caches in /var/tmp/mgimages), one OCI archive; PRODUCT_IMAGES names one to use
+# (`none`: no product images, for a run that starts none of them, such as bench/controller-scale.sh)
 build_product_images() {
-  local rel O=$TB/images/product f name n dest mode sha size entries="" key base
-  rel=$(dirname "$AGENT_BIN"); base=$(cat "$TB/images/base.sha")
-  key=$( { for f in "$REPO"/images/*.Dockerfile; do
-      echo "$f"; cat "$f"; "$REPO/tests/images.sh" installs "$f" | while read -r n _ _; do sha256sum "$rel/$n" 2> /dev/null || echo "no $n"; done
-    done; echo "$base"; declare -f build_product_images oci_manifest oci_index_entry; } | sha256sum | cut -c1-16)
-  [ -s "$TB/images/product.tar" ] && [ "$(cat "$TB/images/product.key" 2>/dev/null)" = "$key" ] && return 0
-  rm -rf "$O"; mkdir -p "$O/blobs/sha256"
-  ln -f "$TB/images/base.tar" "$O/blobs/sha256/$base"
-  for f in "$REPO"/images/*.Dockerfile; do
-    name=mockgpu-$(basename "$f" .Dockerfile); rm -rf "$O/layer"; mkdir -p "$O/layer"
-    while read -r n dest mode; do
-      [ -f "$rel/$n" ] || fail "$f installs $n, which $rel lacks (cargo build --release --workspace)"
-      install -D -m "$mode" "$rel/$n" "$O/layer$dest"
-    done < <("$REPO/tests/images.sh" installs "$f")
-    tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=2024-01-01 -C "$O/layer" -cf "$O/$name.tar" .
-    read -r sha size < <(oci_manifest "$O" "$("$REPO/tests/images.sh" config "$f")" "$base" "$O/$name.tar")
-    entries="$entries${entries:+,}$(oci_index_entry "$name" "$sha" "$size")"
-  done
-  rm -rf "$O/layer"; echo '{"imageLayoutVersion":"1.0.0"}' > "$O/oci-layout"
-  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[%s]}' "$entries" > "$O/index.json"
-  tar -C "$O" -cf "$TB/images/product.tar" .; rm -rf "$O"; echo "$key" > "$TB/images/product.key"
+  if [ -n "${PRODUCT_IMAGES:-}" ]; then [ -s "$PRODUCT_IMAGES" ] || fail "no OCI archive at PRODUCT_IMAGES=$PRODUCT_IMAGES"; return 0; fi
+  local t; t=$(date +%s%N)
+  log "up: the product images from images/*.Dockerfile (tests/images-build.sh, buildah; log lines images-build:)"
+  PRODUCT_IMAGES=$(bash "$REPO/tests/images-build.sh" 2> >(tee -a "$LOGS/images-build.log" >&2) | tail -1) \
+    || fail "the product images do not build from images/*.Dockerfile (tests/images-build.sh; see above and $LOGS/images-build.log)"
+  timing product-images "$(ms "$t") ms ($PRODUCT_IMAGES)"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -320,9 +305,10 @@ phase_up() {
   # a hard link (before $R becomes a mount point: links do not cross mounts) or a copy
   mkdir -p "$R/var/lib/mgtb"
   ln -f "$TB/images/all.tar" "$R/var/lib/mgtb/images.tar" 2>/dev/null || cp -f "$TB/images/all.tar" "$R/var/lib/mgtb/images.tar"
-  if [ "$CLUSTER" = 1 ]; then
+  rm -f "$R/var/lib/mgtb/product.tar"
+  if [ "$CLUSTER" = 1 ] && [ "${PRODUCT_IMAGES:-}" != none ]; then
     build_product_images
-    ln -f "$TB/images/product.tar" "$R/var/lib/mgtb/product.tar" 2>/dev/null || cp -f "$TB/images/product.tar" "$R/var/lib/mgtb/product.tar"
+    ln -f "$PRODUCT_IMAGES" "$R/var/lib/mgtb/product.tar" 2>/dev/null || cp -f "$PRODUCT_IMAGES" "$R/var/lib/mgtb/product.tar"
   fi
   if [ "$CLUSTER" = 1 ] && [ "$NODE" = node0 ] && [ "$NODES" -gt 1 ]; then worker_roots; fi
   do_mount; write_configs
@@ -346,7 +332,7 @@ phase_up() {
   start_containerd
   innode ctr -n k8s.io images import /var/lib/mgtb/images.tar > /dev/null
   local img imgs want="pause busybox slurmd"
-  if [ "$CLUSTER" = 1 ]; then
+  if [ -e "$R/var/lib/mgtb/product.tar" ]; then
     innode ctr -n k8s.io images import /var/lib/mgtb/product.tar > /dev/null
     for img in "$REPO"/images/*.Dockerfile; do want="$want mockgpu-$(basename "$img" .Dockerfile)"; done
   fi
