@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use crate::bed::{Bed, stdout_of, wait_for};
 use crate::cluster::{
-    TB_MANAGER, api_message, apply_crd, client, default_account, helm, kubectl, wait_object,
+    TB_MANAGER, api_message, apply, apply_crd, client, default_account, helm, kubectl, wait_object,
 };
 use crate::node::no_image_pulled;
 
@@ -76,10 +76,7 @@ pub async fn crd_admission_policy(_bed: &Bed) -> Result<()> {
         }
     }))?;
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    policies
-        .patch(WIDGET_POLICY, &pp, &Patch::Apply(&policy))
-        .await
-        .context("apply the ValidatingAdmissionPolicy")?;
+    apply(&policies, &policy).await?;
     let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
@@ -87,10 +84,7 @@ pub async fn crd_admission_policy(_bed: &Bed) -> Result<()> {
         "spec": {"policyName": WIDGET_POLICY, "validationActions": ["Deny"]}
     }))?;
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    bindings
-        .patch(WIDGET_POLICY, &pp, &Patch::Apply(&binding))
-        .await
-        .context("apply the ValidatingAdmissionPolicyBinding")?;
+    apply(&bindings, &binding).await?;
     let gvk = GroupVersionKind::gvk("testbed.mockgpu.io", "v1", "Widget");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "widgets");
     let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
@@ -216,17 +210,20 @@ const DRY_MUST: [&str; 2] = [
 /// object (its schema, unknown fields, the admission policy's CEL) and keeps none.
 pub async fn chart_dry_run(bed: &Bed) -> Result<()> {
     let client = client().await?;
-    let pp = PatchParams::apply(TB_MANAGER).force();
-    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DRY_NS}});
+    let ns = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DRY_NS}}),
+    )?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.patch(DRY_NS, &pp, &Patch::Apply(&ns)).await?;
+    apply(&namespaces, &ns).await?;
     // (the helm test pod runs as the agent's service account, which a dry run does not create:
     // Helm creates test pods after the release's objects)
-    let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "mg-mockgpu-agent", "namespace": DRY_NS}});
-    Api::<ServiceAccount>::namespaced(client.clone(), DRY_NS)
-        .patch("mg-mockgpu-agent", &pp, &Patch::Apply(&sa))
-        .await?;
+    let sa = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "mg-mockgpu-agent", "namespace": DRY_NS}}))?;
+    apply(
+        &Api::<ServiceAccount>::namespaced(client.clone(), DRY_NS),
+        &sa,
+    )
+    .await?;
     let chart = repo()?.join("charts/mockgpu");
     let mut sets: Vec<(String, Option<PathBuf>)> = vec![("default".into(), None)];
     let mut files: Vec<PathBuf> = std::fs::read_dir(chart.join("ci"))?

@@ -724,11 +724,11 @@ pub(crate) async fn chart_rbac(
     std::fs::write(bed.state.join(format!("{component}-rbac.yaml")), &yaml)?;
     let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&yaml)
         .with_context(|| format!("the chart's {component} RBAC (YAML)"))?;
+    let ns = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+    )?;
+    apply(&Api::<Namespace>::all(client.clone()), &ns).await?;
     let pp = PatchParams::apply(TB_MANAGER).force();
-    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
-    Api::<Namespace>::all(client.clone())
-        .patch(namespace, &pp, &Patch::Apply(&ns))
-        .await?;
     let mut kinds = Vec::new();
     for doc in docs.into_iter().filter(|d| !d.is_null()) {
         let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
