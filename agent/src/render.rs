@@ -6,6 +6,7 @@
 
 use std::fmt::Write as _;
 
+use mockgpu_api::fault::{self, Fault, GpuState};
 use mockgpu_api::layout::PREFIXES_FILE;
 use mockgpu_api::{Arch, Gpu, HostTopology, NodeTopology, Profile, information, nvml};
 
@@ -14,8 +15,14 @@ use crate::tree::Tree;
 const PROC: &str = "proc/driver/nvidia";
 const DRIVER: &str = "sys/bus/pci/drivers/nvidia";
 
-/// Builds the whole tree for `topo` on `host`.
+/// Builds the whole tree for `topo` on `host`, without faults.
 pub fn driver_tree(topo: &NodeTopology, host: &HostTopology) -> Tree {
+    driver_tree_with(topo, host, &[])
+}
+
+/// Builds the whole tree for `topo` on `host` as `faults` (validated against `topo`) leave it:
+/// see [`mockgpu_api::fault`] for what each fault changes.
+pub fn driver_tree_with(topo: &NodeTopology, host: &HostTopology, faults: &[Fault]) -> Tree {
     let p = &topo.profile;
     let mut t = Tree::new();
     t.file(
@@ -59,14 +66,26 @@ pub fn driver_tree(topo: &NodeTopology, host: &HostTopology) -> Tree {
         format!("{}\n", p.driver_version),
     );
 
+    t.file(fault::XID_LOG_FILE, fault::xid_log(topo, faults));
     let mut prefixes = String::new();
     for gpu in &topo.gpus {
+        let state = GpuState::of(faults, gpu.index);
+        t.file(
+            &nvml::gpu_file(&gpu.bus_id),
+            nvml::render_gpu(topo, gpu, &state),
+        );
+        // A GPU fallen off the bus is gone from the driver's directory and from PCI.
+        if state.lost {
+            continue;
+        }
         let bdf = gpu.bus_id.to_string();
         let gdir = format!("{PROC}/gpus/{bdf}");
-        t.file(&format!("{gdir}/information"), information::render(p, gpu));
+        t.file(
+            &format!("{gdir}/information"),
+            information::render(p, gpu, state.excluded),
+        );
         t.file(&format!("{gdir}/registry"), "Binary: \"\"\n");
         t.file(&format!("{gdir}/power"), power_file(p));
-        t.file(&nvml::gpu_file(&gpu.bus_id), nvml::render_gpu(topo, gpu));
         if p.numa_status {
             let node = numa_base + gpu.index;
             t.file(
@@ -465,9 +484,9 @@ mod tests {
         let mut p = Profile::builtin("t4").unwrap();
         p.open_kernel_module = false;
         let topo = NodeTopology::build(&p, "n", &one_socket_host()).unwrap();
-        assert!(information::render(&p, &topo.gpus[0]).contains("GPU Firmware: \t N/A\n"));
+        assert!(information::render(&p, &topo.gpus[0], false).contains("GPU Firmware: \t N/A\n"));
         p.driver_version = "580.105.08".parse().unwrap();
-        assert!(!information::render(&p, &topo.gpus[0]).contains("GPU Firmware"));
+        assert!(!information::render(&p, &topo.gpus[0], false).contains("GPU Firmware"));
         assert!(
             version_file(&p).starts_with("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580")
         );

@@ -44,6 +44,7 @@ pub mod condition {
     printcolumn = r#"{"name":"Profile","type":"string","jsonPath":".spec.profile"}"#,
     printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".spec.gpuCount"}"#,
     printcolumn = r#"{"name":"Held","type":"integer","jsonPath":".status.heldGpus"}"#,
+    printcolumn = r#"{"name":"Unhealthy","type":"integer","jsonPath":".status.unhealthyGpus"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -156,10 +157,37 @@ pub struct GpuNodeStatus {
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub pinning: Vec<Pinning>,
+    /// The faults on the node's GPUs, as the agent applies them.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub faults: Vec<GpuNodeFault>,
+    /// GPUs the faults leave unhealthy ([`crate::GpuState::healthy`]).
+    #[serde(default)]
+    pub unhealthy_gpus: u32,
     /// `Ready` (agent), `Stale`, `Drifted`, `InjectionMissing` (controller).
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// A fault the agent applies to one of the node's GPUs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = kubernetes_formats)]
+pub struct GpuNodeFault {
+    /// Where it comes from: `GpuFault/<name>` or `local/<name>` (`mockgpu-agent fault`).
+    pub source: String,
+    /// The GPU's index.
+    pub gpu: u32,
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// What is broken.
+    pub kind: crate::FaultKind,
+    /// The Xid code, for an Xid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid: Option<u32>,
+    /// In words ([`crate::Fault::describe`]).
+    pub message: String,
 }
 
 /// A container holding GPUs.
@@ -182,7 +210,7 @@ pub struct Pinning {
 
 /// The API server knows the integer formats `int32` and `int64` (others draw a warning on every
 /// apply): schemars' `uint32` and `uint64` become `int64`, their `minimum: 0` stays.
-fn kubernetes_formats(schema: &mut schemars::Schema) {
+pub(crate) fn kubernetes_formats(schema: &mut schemars::Schema) {
     if matches!(
         schema.get("format").and_then(|f| f.as_str()),
         Some("uint32" | "uint64")
@@ -294,7 +322,18 @@ mod tests {
             .iter()
             .map(|c| c["name"].as_str().unwrap().to_uppercase())
             .collect();
-        assert_eq!(cols, ["MODE", "PROFILE", "GPUS", "HELD", "READY", "AGE"]);
+        assert_eq!(
+            cols,
+            [
+                "MODE",
+                "PROFILE",
+                "GPUS",
+                "HELD",
+                "UNHEALTHY",
+                "READY",
+                "AGE"
+            ]
+        );
         let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
         assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
         assert_eq!(

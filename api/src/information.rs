@@ -101,8 +101,9 @@ fn dma_bits(p: &Profile) -> u32 {
     }
 }
 
-/// The file for `gpu` of `p`, as the profile's driver branch prints it.
-pub fn render(p: &Profile, gpu: &Gpu) -> String {
+/// The file for `gpu` of `p`, as the profile's driver branch prints it (`excluded`: `GPU
+/// Excluded: Yes`).
+pub fn render(p: &Profile, gpu: &Gpu, excluded: bool) -> String {
     let bits = dma_bits(p);
     let mut s = format!(
         "Model: \t\t {}\nIRQ:   \t\t {}\nGPU UUID: \t {}\nVideo BIOS: \t {}\nBus Type: \t PCIe\nDMA Size: \t {bits} bits\nDMA Mask: \t 0x{:x}\nBus Location: \t {}\nDevice Minor: \t {}\n",
@@ -120,7 +121,11 @@ pub fn render(p: &Profile, gpu: &Gpu) -> String {
     } else if p.driver_version.at_least(590, 44) {
         s.push_str("GPU Firmware: \t N/A\n");
     }
-    s.push_str("GPU Excluded:\t No\n");
+    s.push_str(if excluded {
+        "GPU Excluded:\t Yes\n"
+    } else {
+        "GPU Excluded:\t No\n"
+    });
     s
 }
 
@@ -136,13 +141,15 @@ mod tests {
             let p = Profile::builtin(name).unwrap();
             let topo = NodeTopology::build(&p, "n", &host).unwrap();
             for gpu in &topo.gpus {
-                let info = Information::parse(&render(&p, gpu)).unwrap();
+                let info = Information::parse(&render(&p, gpu, false)).unwrap();
                 assert_eq!(info.model, p.model, "{name}");
                 assert_eq!(info.uuid, gpu.uuid);
                 assert_eq!(info.bus_location, gpu.bus_id);
                 assert_eq!(info.device_minor, gpu.minor);
                 assert_eq!(info.irq, Some(gpu.irq));
                 assert!(!info.excluded);
+                let excluded = Information::parse(&render(&p, gpu, true)).unwrap();
+                assert!(excluded.excluded, "{name}: GPU Excluded: Yes");
             }
         }
     }

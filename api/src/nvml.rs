@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 
 use serde::Deserialize;
 
-use crate::{BusId, DriverVersion, Gpu, NodeTopology, Profile};
+use crate::{BusId, DriverVersion, Gpu, GpuState, NodeTopology, Profile};
 
 /// The system file, relative to the mock root.
 pub const SYSTEM_FILE: &str = "nvml/system";
@@ -96,6 +96,33 @@ pub mod key {
     pub const FABRIC_CLUSTER_UUID: &str = "Fabric Cluster UUID";
     /// The fabric clique id.
     pub const FABRIC_CLIQUE_ID: &str = "Fabric Clique ID";
+
+    // The keys below are written only while a fault ([`crate::fault`]) is on the GPU.
+
+    /// `Yes`: the GPU fell off the bus (Xid 79); its driver files are gone, so this file also
+    /// carries its minor and UUID.
+    pub const FALLEN_OFF_THE_BUS: &str = "Fallen Off The Bus";
+    /// The minor of a GPU fallen off the bus.
+    pub const DEVICE_MINOR: &str = "Device Minor";
+    /// The UUID of a GPU fallen off the bus.
+    pub const UUID: &str = "GPU UUID";
+    /// `Yes`: excluded by the driver (not enumerated).
+    pub const EXCLUDED: &str = "GPU Excluded";
+    /// Corrected (single-bit) ECC errors, volatile and aggregate alike.
+    pub const ECC_CORRECTED: &str = "ECC Errors Corrected";
+    /// Uncorrected (double-bit) ECC errors, volatile and aggregate alike.
+    pub const ECC_UNCORRECTED: &str = "ECC Errors Uncorrected";
+    /// Rows remapped for uncorrectable errors (Ampere and later) or, before Ampere, pages
+    /// retired for double-bit errors.
+    pub const RETIRED_UNCORRECTABLE: &str = "Retired Uncorrectable";
+    /// `Yes`: a row remapping (a page retirement before Ampere) waits for a GPU reset.
+    pub const RETIRED_PENDING: &str = "Retired Pending";
+    /// `Yes`: a row remapping failed.
+    pub const REMAP_FAILURE: &str = "Remap Failure";
+    /// `Yes`: thermal slowdown (the temperature is above the slowdown threshold).
+    pub const THERMAL_SLOWDOWN: &str = "Thermal Slowdown";
+    /// The NVLinks that are down, comma-separated.
+    pub const NVLINK_DOWN: &str = "NVLink Down";
 }
 
 /// `nvmlDeviceArchitecture_t` values.
@@ -563,7 +590,7 @@ pub fn render_system(p: &Profile) -> String {
 }
 
 /// The file of `gpu`.
-pub fn render_gpu(topo: &NodeTopology, gpu: &Gpu) -> String {
+pub fn render_gpu(topo: &NodeTopology, gpu: &Gpu, state: &GpuState) -> String {
     use key::*;
     let p = &topo.profile;
     let n = &p.nvml;
@@ -572,6 +599,15 @@ pub fn render_gpu(topo: &NodeTopology, gpu: &Gpu) -> String {
         writeln!(s, "{k}: {v}").ok();
     };
     let (cc_major, cc_minor) = n.compute_capability;
+    let yes = &"Yes";
+    if state.lost {
+        line(FALLEN_OFF_THE_BUS, yes);
+        line(DEVICE_MINOR, &gpu.minor);
+        line(UUID, &gpu.uuid);
+    }
+    if state.excluded {
+        line(EXCLUDED, yes);
+    }
     line(ARCHITECTURE, &n.architecture.value());
     line(COMPUTE_CAPABILITY, &format_args!("{cc_major}.{cc_minor}"));
     line(BRAND, &n.brand.value());
@@ -591,6 +627,14 @@ pub fn render_gpu(topo: &NodeTopology, gpu: &Gpu) -> String {
     line(POWER_LIMIT, &limit);
     line(POWER_MIN_LIMIT, &min);
     line(POWER_MAX_LIMIT, &max);
+    let mut temperatures = n.temperatures_c;
+    if state.thermal {
+        // Past the slowdown threshold, below shutdown.
+        temperatures[0] = temperatures[1]
+            .saturating_add(3)
+            .min(temperatures[2].saturating_sub(1));
+        line(THERMAL_SLOWDOWN, yes);
+    }
     for (k, v) in [
         TEMPERATURE,
         TEMPERATURE_SLOWDOWN,
@@ -599,7 +643,7 @@ pub fn render_gpu(topo: &NodeTopology, gpu: &Gpu) -> String {
         TEMPERATURE_MEMORY_MAX,
     ]
     .iter()
-    .zip(&n.temperatures_c)
+    .zip(&temperatures)
     {
         line(k, v);
     }
@@ -616,11 +660,28 @@ pub fn render_gpu(topo: &NodeTopology, gpu: &Gpu) -> String {
         .collect();
     line(SUPPORTED_GRAPHICS_CLOCKS, &clocks.join(","));
     line(ECC, &if n.ecc { "Enabled" } else { "Disabled" });
+    if state.single_bit > 0 {
+        line(ECC_CORRECTED, &state.single_bit);
+    }
+    if state.double_bit > 0 {
+        line(ECC_UNCORRECTED, &state.double_bit);
+        line(RETIRED_UNCORRECTABLE, &state.double_bit);
+    }
+    if state.remap_pending {
+        line(RETIRED_PENDING, yes);
+    }
+    if state.remap_failure {
+        line(REMAP_FAILURE, yes);
+    }
     let remotes = nvlink_remotes(topo, gpu);
     if let (Some((_, version)), false) = (n.nvlink, remotes.is_empty()) {
         line(NVLINK_VERSION, &version);
         let list: Vec<String> = remotes.iter().map(BusId::to_string).collect();
         line(NVLINK_REMOTE, &list.join(","));
+        if !state.links_down.is_empty() {
+            let down: Vec<String> = state.links_down.iter().map(u32::to_string).collect();
+            line(NVLINK_DOWN, &down.join(","));
+        }
     }
     if let Some(f) = &n.fabric {
         line(FABRIC_CLUSTER_UUID, &f.cluster_uuid);
@@ -649,7 +710,7 @@ mod tests {
             let t = topo(name);
             let p = &t.profile;
             for gpu in &t.gpus {
-                let f = render_gpu(&t, gpu);
+                let f = render_gpu(&t, gpu, &GpuState::default());
                 assert_eq!(
                     value(&f, key::MEMORY_TOTAL),
                     Some((p.memory_mib << 20).to_string().as_str()),
@@ -666,7 +727,7 @@ mod tests {
             assert_eq!(serials.len(), t.gpus.len(), "{name}: serials are unique");
         }
         let gb300 = topo("gb300");
-        let f = render_gpu(&gb300, &gb300.gpus[0]);
+        let f = render_gpu(&gb300, &gb300.gpus[0], &GpuState::default());
         assert!(value(&f, key::FABRIC_CLIQUE_ID).is_some());
         assert_eq!(
             render_system(&gb300.profile),

@@ -298,6 +298,9 @@ pub fn status(
         held_gpus: pinning.held(),
         pinning: pinning.pinning(),
         conditions: std::iter::once(ready).chain(device_plugin).collect(),
+        // Filled in by the fault source (issue 24's agent side).
+        faults: Vec::new(),
+        unhealthy_gpus: 0,
     }
 }
 
