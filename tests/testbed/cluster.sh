@@ -375,9 +375,13 @@ slinky_supported() {  # Slinky's operator supports Slurm 25.11 and later
 
 # ---------------------------------------------------------------------------------------------
 # the chart as a user installs it (the README's commands): chart-install, chart-slinky-remediation
-# and chart-uninstall are in Rust (src/scenarios/chart.rs)
+# and chart-uninstall are in Rust (src/scenarios/chart.rs); the GPU faults on it in
+# src/scenarios/faults.rs, with go-nvml's program (tests/nvml/go, its Go caches shared with
+# tests/nvml/run.sh) in a GPU pod
 
 run_cluster_scenarios() {
+  NVMLLIST=$ST/nvmllist
+  bash "$REPO/tests/nvml/go/build.sh" "${NVML_CACHE:-/var/tmp/mockgpu-nvml}" "$NVMLLIST"
   sstep node-ready rust_scenario node-ready
   sstep pod-daemonset-exec rust_scenario pod-daemonset-exec
   sstep services-dns rust_scenario services-dns
@@ -410,10 +414,13 @@ run_cluster_scenarios() {
   if slinky_supported; then sstep slinky-slurm rust_scenario slinky-slurm
   else log "slinky-slurm: left out: the node root has Slurm $(innode slurmd -V | awk '{print $2}'), Slinky's operator supports 25.11 and later (SUITE=sid has 26.05)"; fi
   sstep chart-install rust_scenario chart-install
+  sstep chart-gpu-faults rust_scenario chart-gpu-faults
   # (Slurm 24.11's dynamic nodes ignore autodetected GPUs that their --conf does not name: the
   # Slinky shape needs 25.11 or later there too)
-  if slinky_supported; then sstep chart-slinky-remediation rust_scenario chart-slinky-remediation
-  else log "chart-slinky-remediation: left out: Slurm $(innode slurmd -V | awk '{print $2}') ignores the GPUs a dynamic node autodetects (SUITE=sid has 26.05)"; fi
+  if slinky_supported; then
+    sstep chart-slinky-remediation rust_scenario chart-slinky-remediation
+    sstep chart-slinky-gpu-drain rust_scenario chart-slinky-gpu-drain
+  else log "chart-slinky-remediation, chart-slinky-gpu-drain: left out: Slurm $(innode slurmd -V | awk '{print $2}') ignores the GPUs a dynamic node autodetects (SUITE=sid has 26.05)"; fi
   sstep chart-uninstall rust_scenario chart-uninstall
 }
 

@@ -20,6 +20,7 @@ rust_scenario() {
     AGENT_RESTART_PAUSE="$AGENT_RESTART_PAUSE" LAT_MAX_RATIO="${LAT_MAX_RATIO:-}" \
     KUBECONFIG="${KCFG:-}" KUBECTL="${KUBECTL:-}" K8S_VERSION="${K8S_VERSION:-}" \
     CONTROLLER_BIN="$CONTROLLER_BIN" HELM="${HELM:-}" REPO="$REPO" SLURM_UID="$SLURM_UID" NODES="${NODES:-1}" \
+    NVMLLIST="${NVMLLIST:-}" \
     MGTB_HOST_NETNS="$(readlink /proc/self/ns/net)" \
     "$SCENARIOS_BIN" --exact "$1" 9>&-
 }

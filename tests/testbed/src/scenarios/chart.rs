@@ -557,9 +557,8 @@ pub async fn chart_slinky_remediation(bed: &Bed) -> Result<()> {
         let labelled = |n: Option<&Node>| label(n, PCI_LABEL) == "true";
         wait_object(&nodes, &name, 60, &what, labelled).await?;
     }
-    let r = remediation(bed, &client).await;
-    let d = slinky::down(&client, false).await;
-    r.and(d)
+    // Slinky stays for chart-slinky-gpu-drain, which takes it down
+    remediation(bed, &client).await
 }
 
 async fn remediation(bed: &Bed, client: &Client) -> Result<()> {

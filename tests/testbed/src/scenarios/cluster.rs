@@ -152,7 +152,7 @@ pub(crate) fn sleeper(
 }
 
 /// The test bed's kubectl as its admin, with `args`.
-fn kubectl_command(args: &[&str]) -> Result<std::process::Command> {
+pub(crate) fn kubectl_command(args: &[&str]) -> Result<std::process::Command> {
     let kubectl = std::env::var("KUBECTL").context("$KUBECTL")?;
     let kcfg = std::env::var("KUBECONFIG").context("$KUBECONFIG")?;
     let mut c = std::process::Command::new(kubectl);

@@ -11,6 +11,7 @@ mod bed;
 mod chart;
 mod cluster;
 mod controller;
+mod faults;
 mod gpunode;
 mod gpupods;
 mod node;
@@ -73,7 +74,9 @@ const SCENARIOS: &[&str] = &[
     "controller-gpunode-deleted",
     "slinky-slurm",
     "chart-install",
+    "chart-gpu-faults",
     "chart-slinky-remediation",
+    "chart-slinky-gpu-drain",
     "chart-uninstall",
     "cluster-isolation",
 ];
@@ -120,6 +123,8 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "slinky-slurm" => slinky::slinky_slurm(bed).await,
         "chart-install" => chart::chart_install(bed).await,
         "chart-slinky-remediation" => chart::chart_slinky_remediation(bed).await,
+        "chart-gpu-faults" => faults::chart_gpu_faults(bed).await,
+        "chart-slinky-gpu-drain" => faults::chart_slinky_gpu_drain(bed).await,
         "chart-uninstall" => chart::chart_uninstall(bed).await,
         "crd-admission-policy" => apiserver::crd_admission_policy(bed).await,
         "helm" => apiserver::helm_chart(bed).await,
