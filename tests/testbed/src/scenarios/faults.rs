@@ -140,7 +140,7 @@ async fn gpu_pod_up(client: &Client) -> Result<()> {
     let on = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
     ensure!(on == NODE, "the 4-GPU pod runs on {on}, want {NODE}");
     let bin = std::env::var("NVMLLIST").context("$NVMLLIST (the go-nvml program) is not set")?;
-    let file = std::fs::File::open(&bin).with_context(|| format!("{bin}"))?;
+    let file = std::fs::File::open(&bin).with_context(|| bin.clone())?;
     let st = kubectl_command(&[
         "-n",
         NS,
