@@ -186,15 +186,22 @@ getter! {
     nvmlDeviceGetSupportedClocksThrottleReasons: u64 => |_d| SUPPORTED_REASONS;
 }
 
-const SUPPORTED_REASONS: u64 =
-    ffi::CLOCKS_EVENT_REASON_GPU_IDLE | ffi::CLOCKS_EVENT_REASON_APPLICATIONS_CLOCKS_SETTING;
+const THERMAL_REASONS: u64 =
+    ffi::CLOCKS_EVENT_REASON_SW_THERMAL_SLOWDOWN | ffi::CLOCKS_EVENT_REASON_HW_THERMAL_SLOWDOWN;
 
-/// Idle, and held by the application clock when it is below the maximum.
+const SUPPORTED_REASONS: u64 = ffi::CLOCKS_EVENT_REASON_GPU_IDLE
+    | ffi::CLOCKS_EVENT_REASON_APPLICATIONS_CLOCKS_SETTING
+    | THERMAL_REASONS;
+
+/// Idle, held by the application clock when it is below the maximum, and slowed down (software
+/// and hardware thermal) over the slowdown temperature.
 fn clocks_reasons(d: &Gpu) -> u64 {
-    let app = if d.graphics_now() < d.graphics_max {
-        ffi::CLOCKS_EVENT_REASON_APPLICATIONS_CLOCKS_SETTING
-    } else {
-        0
-    };
-    ffi::CLOCKS_EVENT_REASON_GPU_IDLE | app
+    let mut reasons = ffi::CLOCKS_EVENT_REASON_GPU_IDLE;
+    if d.graphics_now() < d.graphics_max {
+        reasons |= ffi::CLOCKS_EVENT_REASON_APPLICATIONS_CLOCKS_SETTING;
+    }
+    if d.thermal {
+        reasons |= THERMAL_REASONS;
+    }
+    reasons
 }

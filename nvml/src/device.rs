@@ -5,7 +5,7 @@ use core::ffi::{c_char, c_ulong};
 
 use crate::ffi::{self, Device, Ret};
 use crate::out::{put, put_list, put_mask, put_str};
-use crate::state::{self, with_device, with_loaded};
+use crate::state::{self, with_any_device, with_device, with_loaded};
 
 /// Defines `unsafe extern "C" fn $name(device, buf, length)` writing the string `$field`.
 macro_rules! string_getter {
@@ -58,10 +58,27 @@ getter! {
         free: d.bar1_total.saturating_sub(BAR1_USED),
         used: BAR1_USED.min(d.bar1_total),
     };
-    nvmlDeviceGetPciInfo: ffi::PciInfo => |d| pci_info(d);
-    nvmlDeviceGetPciInfo_v2: ffi::PciInfo => |d| pci_info(d);
-    nvmlDeviceGetPciInfo_v3: ffi::PciInfo => |d| pci_info(d);
 }
+
+/// Defines the PCI info getters, which answer for a GPU fallen off the bus too (its bus id; the
+/// ids read 0, its sysfs entry being gone).
+macro_rules! pci_getter {
+    ($($name:ident),*) => {$(
+        /// # Safety
+        /// `out` is NULL or valid.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(device: Device, out: *mut ffi::PciInfo) -> Ret {
+            // SAFETY: the caller's contract.
+            with_any_device(device, |d| unsafe { put(out, pci_info(d)) })
+        }
+    )*};
+}
+
+pci_getter!(
+    nvmlDeviceGetPciInfo,
+    nvmlDeviceGetPciInfo_v2,
+    nvmlDeviceGetPciInfo_v3
+);
 
 /// BAR1 the driver maps for itself on an idle GPU (bytes).
 const BAR1_USED: u64 = 2 << 20;
@@ -285,6 +302,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
             return ffi::ERROR_INVALID_ARGUMENT;
         };
         match (l.devices.get(i), l.devices.get(j)) {
+            (Some(a), Some(b)) if a.lost || b.lost => ffi::ERROR_GPU_IS_LOST,
             // SAFETY: the caller's contract.
             (Some(a), Some(b)) => unsafe { put(path, level(a, b)) },
             _ => ffi::ERROR_INVALID_ARGUMENT,
@@ -307,10 +325,13 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyNearestGpus(
         let Some(me) = l.devices.iter().find(|d| core::ptr::eq(&***d, device)) else {
             return ffi::ERROR_INVALID_ARGUMENT;
         };
+        if me.lost {
+            return ffi::ERROR_GPU_IS_LOST;
+        }
         let near: Vec<Device> = l
             .devices
             .iter()
-            .filter(|d| !core::ptr::eq(&***d, device) && level(me, d) <= lvl)
+            .filter(|d| !d.lost && !core::ptr::eq(&***d, device) && level(me, d) <= lvl)
             .map(|d| d.handle())
             .collect();
         // SAFETY: the caller's contract.

@@ -13,6 +13,7 @@ pub const ERROR_NOT_FOUND: Ret = 6;
 pub const ERROR_INSUFFICIENT_SIZE: Ret = 7;
 pub const ERROR_DRIVER_NOT_LOADED: Ret = 9;
 pub const ERROR_TIMEOUT: Ret = 10;
+pub const ERROR_GPU_IS_LOST: Ret = 15;
 pub const ERROR_ARGUMENT_VERSION_MISMATCH: Ret = 25;
 pub const ERROR_UNKNOWN: Ret = 999;
 
@@ -47,17 +48,26 @@ pub const CLOCK_ID_CUSTOMER_BOOST_MAX: u32 = 3;
 /// `nvmlClocksEventReasonGpuIdle`, `…ApplicationsClocksSetting`.
 pub const CLOCKS_EVENT_REASON_GPU_IDLE: u64 = 1;
 pub const CLOCKS_EVENT_REASON_APPLICATIONS_CLOCKS_SETTING: u64 = 2;
+/// `nvmlClocksEventReasonSwThermalSlowdown`, `…HwThermalSlowdown`.
+pub const CLOCKS_EVENT_REASON_SW_THERMAL_SLOWDOWN: u64 = 0x20;
+pub const CLOCKS_EVENT_REASON_HW_THERMAL_SLOWDOWN: u64 = 0x40;
 
 /// `NVML_PSTATE_0`.
 pub const PSTATE_0: u32 = 0;
 /// `NVML_COMPUTEMODE_DEFAULT`.
 pub const COMPUTEMODE_DEFAULT: u32 = 0;
 
-/// `nvmlMemoryErrorType_t` and `nvmlEccCounterType_t` bounds.
-pub const MEMORY_ERROR_TYPE_COUNT: u32 = 2;
+/// `nvmlEccCounterType_t` bound.
 pub const ECC_COUNTER_TYPE_COUNT: u32 = 2;
-/// `NVML_PAGE_RETIREMENT_CAUSE_COUNT`.
+/// `NVML_MEMORY_LOCATION_DRAM` (device memory) and `NVML_MEMORY_LOCATION_COUNT`.
+pub const MEMORY_LOCATION_DRAM: u32 = 2;
+pub const MEMORY_LOCATION_COUNT: u32 = 8;
+/// `NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR`, `NVML_PAGE_RETIREMENT_CAUSE_COUNT`.
+pub const PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: u32 = 1;
 pub const PAGE_RETIREMENT_CAUSE_COUNT: u32 = 2;
+
+/// `NVML_DEVICE_ARCH_AMPERE`: row remapping replaces page retirement from here on.
+pub const DEVICE_ARCH_AMPERE: u32 = 7;
 
 /// `nvmlInforomObject_t`.
 pub const INFOROM_OEM: u32 = 0;
@@ -85,8 +95,10 @@ pub const GPU_FABRIC_STATE_COMPLETED: u8 = 3;
 /// `NVML_DEVICE_MIG_DISABLE`.
 pub const DEVICE_MIG_DISABLE: u32 = 0;
 
-/// `nvmlEventTypeXidCriticalError`: the one event kind sets accept (none is raised yet).
+/// `nvmlEventTypeXidCriticalError`: the one event kind sets accept.
 pub const EVENT_TYPE_XID_CRITICAL_ERROR: u64 = 8;
+/// The GPU and compute instance ids of an event outside MIG.
+pub const INSTANCE_ID_NONE: u32 = 0xFFFF_FFFF;
 
 /// `nvmlPciInfo_t` (v2 and v3; v1 is the same layout with the 16-byte `busIdLegacy` only).
 #[repr(C)]
@@ -113,6 +125,15 @@ pub struct PciInfoExt {
     pub sub_class: u32,
     pub bus_id: [c_char; 32],
 }
+
+/// `nvmlExcludedDeviceInfo_t`.
+#[repr(C)]
+pub struct ExcludedDeviceInfo {
+    pub pci: PciInfo,
+    pub uuid: [c_char; DEVICE_UUID_BUFFER_SIZE],
+}
+/// `NVML_DEVICE_UUID_BUFFER_SIZE`.
+pub const DEVICE_UUID_BUFFER_SIZE: usize = 80;
 
 /// `nvmlMemory_t`.
 #[repr(C)]

@@ -4,17 +4,17 @@ use crate::device::pci_info;
 use crate::ffi::{self, Device, Ret};
 use crate::out::put;
 use crate::parse::BusId;
-use crate::state::{with_device, with_loaded};
+use crate::state::{Device as Gpu, with_device, with_loaded};
 
-/// Runs `f` with the remote bus id of `link` (`NVML_ERROR_NOT_SUPPORTED` without NVLink,
-/// `NVML_ERROR_INVALID_ARGUMENT` past the last link).
-fn with_link(device: Device, link: u32, f: impl FnOnce(BusId) -> Ret) -> Ret {
+/// Runs `f` with the device and the remote bus id of `link` (`NVML_ERROR_NOT_SUPPORTED` without
+/// NVLink, `NVML_ERROR_INVALID_ARGUMENT` past the last link).
+fn with_link(device: Device, link: u32, f: impl FnOnce(&Gpu, BusId) -> Ret) -> Ret {
     with_device(device, |d| {
         if d.nvlink_remotes.is_empty() {
             return ffi::ERROR_NOT_SUPPORTED;
         }
         match d.nvlink_remotes.get(link as usize) {
-            Some(&bus) => f(bus),
+            Some(&bus) => f(d, bus),
             None => ffi::ERROR_INVALID_ARGUMENT,
         }
     })
@@ -28,9 +28,15 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     link: u32,
     active: *mut u32,
 ) -> Ret {
-    // SAFETY: the caller's contract.
-    with_link(device, link, |_| unsafe {
-        put(active, ffi::FEATURE_ENABLED)
+    with_link(device, link, |d, _| {
+        let down = d.nvlink_down.checked_shr(link).unwrap_or(0) & 1 == 1;
+        let state = if down {
+            ffi::FEATURE_DISABLED
+        } else {
+            ffi::FEATURE_ENABLED
+        };
+        // SAFETY: the caller's contract.
+        unsafe { put(active, state) }
     })
 }
 
@@ -68,7 +74,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkCapability(
     }
     let value = u32::from(capability != ffi::NVLINK_CAP_SLI_BRIDGE);
     // SAFETY: the caller's contract.
-    with_link(device, link, |_| unsafe { put(result, value) })
+    with_link(device, link, |_, _| unsafe { put(result, value) })
 }
 
 /// # Safety
@@ -80,7 +86,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
     pci: *mut ffi::PciInfo,
 ) -> Ret {
     let mut remote = None;
-    let r = with_link(device, link, |bus| {
+    let r = with_link(device, link, |_, bus| {
         remote = Some(bus);
         ffi::SUCCESS
     });

@@ -103,7 +103,7 @@ pub fn numbers(s: &[u8]) -> Option<Vec<u32>> {
 }
 
 /// A PCI address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BusId {
     pub domain: u32,
     pub bus: u32,

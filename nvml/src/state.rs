@@ -8,6 +8,7 @@ use crate::parse::{self, BusId};
 use crate::sys::{self, Access, Lock};
 
 /// One GPU: what the driver files and `nvml/gpus/<bus>` say, and what callers set.
+#[derive(Default)]
 pub struct Device {
     pub index: u32,
     pub minor: u32,
@@ -46,6 +47,19 @@ pub struct Device {
     pub nvlink_version: Option<u32>,
     pub nvlink_remotes: Vec<BusId>,
     pub fabric: Option<([u8; 16], u32)>,
+    /// Fallen off the bus when the tree was read: only its minor, UUID and bus id are known.
+    pub lost: bool,
+    /// Corrected and uncorrected ECC errors (volatile and aggregate alike).
+    pub ecc_errors: [u64; 2],
+    /// Rows remapped (before Ampere: pages retired) for uncorrectable errors.
+    pub retired: u32,
+    /// A remapping (retirement) waits for a reset.
+    pub retired_pending: bool,
+    pub remap_failure: bool,
+    /// Over the slowdown temperature.
+    pub thermal: bool,
+    /// One bit per NVLink that is down.
+    pub nvlink_down: u32,
     /// Settable: the application graphics clock and the locked clock range (MHz).
     pub app_graphics: u32,
     pub locked: Option<(u32, u32)>,
@@ -72,6 +86,8 @@ pub struct Loaded {
     /// Boxed: a handle is a device's address, which must not move.
     #[allow(clippy::vec_box)]
     pub devices: Vec<Box<Device>>,
+    /// The GPUs the driver excluded (`GPU Excluded: Yes`): not enumerated, listed apart.
+    pub excluded: Vec<Device>,
 }
 
 impl Loaded {
@@ -129,20 +145,26 @@ pub fn with_loaded(f: impl FnOnce(&mut Loaded) -> Ret) -> Ret {
     }
 }
 
-/// Runs `f` on the device `h` points to (`NVML_ERROR_INVALID_ARGUMENT` for anything else).
+/// Runs `f` on the device `h` points to (`NVML_ERROR_INVALID_ARGUMENT` for anything else,
+/// `NVML_ERROR_GPU_IS_LOST` for a GPU fallen off the bus).
 pub fn with_device(h: ffi::Device, f: impl FnOnce(&mut Device) -> Ret) -> Ret {
+    with_any_device(h, |d| if d.lost { ffi::ERROR_GPU_IS_LOST } else { f(d) })
+}
+
+/// Runs `f` on the device `h` points to, lost or not.
+pub fn with_any_device(h: ffi::Device, f: impl FnOnce(&mut Device) -> Ret) -> Ret {
     with_loaded(|l| l.device(h).map_or(ffi::ERROR_INVALID_ARGUMENT, f))
 }
 
 /// The mock root: `$MOCKFS_ROOT`, unset or empty meaning `/run/mockgpu/fs`.
-fn root() -> &'static [u8] {
+pub fn root() -> &'static [u8] {
     sys::env(c"MOCKFS_ROOT")
         .filter(|r| !r.is_empty())
         .unwrap_or(b"/run/mockgpu/fs")
 }
 
 /// `root/rel`.
-fn join(root: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+pub fn join(root: &[u8], parts: &[&[u8]]) -> Vec<u8> {
     let mut p = root.to_vec();
     for part in parts {
         if p.last() != Some(&b'/') {
@@ -174,9 +196,6 @@ fn load(flags: u32) -> Result<Loaded, Ret> {
         .to_vec();
     let gpus_dir = join(root, &[b"proc/driver/nvidia/gpus"]);
     let names = sys::list_dir(&gpus_dir).ok_or(ffi::ERROR_DRIVER_NOT_LOADED)?;
-    if names.is_empty() && flags & ffi::INIT_FLAG_NO_GPUS == 0 {
-        return Err(ffi::ERROR_DRIVER_NOT_LOADED);
-    }
     let system_path = join(root, &[SYSTEM_FILE]);
     let system = required_file(&system_path)?;
     let cuda_version = parse::Fields::new(&system)
@@ -184,10 +203,24 @@ fn load(flags: u32) -> Result<Loaded, Ret> {
         .and_then(parse::number_u32)
         .ok_or_else(|| malformed(&system_path, b"no `CUDA Driver Version:` number"))?;
     let mut devices = Vec::with_capacity(names.len());
+    let mut excluded = Vec::new();
     for name in &names {
-        devices.push(Box::new(load_device(root, name)?));
+        match load_device(root, name)? {
+            (d, false) => devices.push(Box::new(d)),
+            (d, true) => excluded.push(d),
+        }
+    }
+    // A GPU fallen off the bus has left the driver's directory; its `nvml/` file remains.
+    for name in sys::list_dir(&join(root, &[GPUS_DIR])).unwrap_or_default() {
+        if !names.contains(&name) {
+            devices.extend(load_lost(root, &name)?.map(Box::new));
+        }
+    }
+    if devices.is_empty() && flags & ffi::INIT_FLAG_NO_GPUS == 0 {
+        return Err(ffi::ERROR_DRIVER_NOT_LOADED);
     }
     devices.sort_by_key(|d| d.minor);
+    excluded.sort_by_key(|d| d.minor);
     if sys::env(c"MOCKFS_DEV") != Some(b"1") {
         let access: Vec<Access> = devices
             .iter()
@@ -203,6 +236,7 @@ fn load(flags: u32) -> Result<Loaded, Ret> {
         driver_version,
         cuda_version,
         devices,
+        excluded,
     })
 }
 
@@ -224,9 +258,34 @@ fn visible(all: &[Access], access: Access) -> bool {
 const SYSTEM_FILE: &[u8] = b"nvml/system";
 const GPUS_DIR: &[u8] = b"nvml/gpus";
 
+/// The GPU of `nvml/gpus/<name>` when it fell off the bus (`Fallen Off The Bus: Yes`): its bus
+/// id, minor and UUID.
+fn load_lost(root: &[u8], name: &[u8]) -> Result<Option<Device>, Ret> {
+    let path = join(root, &[GPUS_DIR, name]);
+    let text = required_file(&path)?;
+    let fields = parse::Fields::new(&text);
+    if fields.get("Fallen Off The Bus") != Some(b"Yes") {
+        return Ok(None);
+    }
+    let bad = |what: &[u8]| malformed(&path, what);
+    Ok(Some(Device {
+        minor: fields
+            .get("Device Minor")
+            .and_then(parse::number_u32)
+            .ok_or_else(|| bad(b"no `Device Minor:` number"))?,
+        uuid: fields
+            .get("GPU UUID")
+            .ok_or_else(|| bad(b"no `GPU UUID:` line"))?
+            .to_vec(),
+        bus: BusId::parse(name).ok_or_else(|| bad(b"is not named by a PCI address"))?,
+        lost: true,
+        ..Device::default()
+    }))
+}
+
 /// One GPU from `proc/driver/nvidia/gpus/<name>/information`, its sysfs device and its
-/// `nvml/gpus/<bus>` file.
-fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
+/// `nvml/gpus/<bus>` file, and whether the driver excluded it.
+fn load_device(root: &[u8], name: &[u8]) -> Result<(Device, bool), Ret> {
     let info_path = join(root, &[b"proc/driver/nvidia/gpus", name, b"information"]);
     let info_text = required_file(&info_path)?;
     let info = parse::Fields::new(&info_text);
@@ -332,7 +391,23 @@ fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
         )),
     };
     let graphics_default = num("Graphics Clock Default")?;
-    Ok(Device {
+    let yes = |key: &'static str| nvml.get(key) == Some(b"Yes");
+    let count = |key: &'static str| {
+        if optional(key) { num64(key) } else { Ok(0) }
+    };
+    let mut nvlink_down = 0u32;
+    if let Some(list) = nvml.get("NVLink Down") {
+        for link in parse::numbers(list)
+            .filter(|l| l.iter().all(|&n| (n as usize) < nvlink_remotes.len()))
+            .ok_or_else(|| malformed(&nvml_path, b"`NVLink Down:` is not a list of links"))?
+        {
+            nvlink_down |= 1u32.checked_shl(link).unwrap_or(0);
+        }
+    }
+    let excluded = info
+        .get("GPU Excluded")
+        .is_some_and(|v| v.eq_ignore_ascii_case(b"yes"));
+    let device = Device {
         index: 0,
         minor,
         name: name_value,
@@ -389,9 +464,21 @@ fn load_device(root: &[u8], name: &[u8]) -> Result<Device, Ret> {
         },
         nvlink_remotes,
         fabric,
+        lost: false,
+        ecc_errors: [
+            count("ECC Errors Corrected")?,
+            count("ECC Errors Uncorrected")?,
+        ],
+        retired: u32::try_from(count("Retired Uncorrectable")?)
+            .map_err(|_| malformed(&nvml_path, b"`Retired Uncorrectable:` is too large"))?,
+        retired_pending: yes("Retired Pending"),
+        remap_failure: yes("Remap Failure"),
+        thermal: yes("Thermal Slowdown"),
+        nvlink_down,
         app_graphics: graphics_default,
         locked: None,
-    })
+    };
+    Ok((device, excluded))
 }
 
 #[cfg(test)]

@@ -178,8 +178,6 @@ not_supported! {
     nvmlDeviceSetVgpuSchedulerState,
     nvmlDeviceSetVirtualizationMode,
     nvmlDeviceValidateInforom,
-    nvmlGetExcludedDeviceCount,
-    nvmlGetExcludedDeviceInfoByIndex,
     nvmlGetVgpuCompatibility,
     nvmlGetVgpuDriverCapabilities,
     nvmlGetVgpuVersion,

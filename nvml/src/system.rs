@@ -3,6 +3,7 @@
 use alloc::vec::Vec;
 use core::ffi::{CStr, c_char};
 
+use crate::device::pci_info;
 use crate::ffi::{self, Device, Ret};
 use crate::out::{put, put_list, put_str};
 use crate::parse::BusId;
@@ -87,14 +88,19 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut u32) -> Ret {
     with_loaded(|l| unsafe { put(count, u32::try_from(l.devices.len()).unwrap_or(0)) })
 }
 
-/// Writes the handle of the first device `pick` accepts, else `NVML_ERROR_NOT_FOUND`.
+/// Writes the handle of the first device `pick` accepts, else `NVML_ERROR_NOT_FOUND`; for a GPU
+/// fallen off the bus `NVML_ERROR_GPU_IS_LOST` (its handle, written too, answers only
+/// `nvmlDeviceGetPciInfo*`, so that a tool can name the lost GPU by its bus id).
 ///
 /// # Safety
 /// `device` is NULL or valid.
 unsafe fn handle_of(device: *mut Device, pick: impl Fn(&state::Device) -> bool) -> Ret {
     with_loaded(|l| match l.devices.iter().find(|d| pick(d)) {
         // SAFETY: the caller's contract.
-        Some(d) => unsafe { put(device, d.handle()) },
+        Some(d) => match unsafe { put(device, d.handle()) } {
+            ffi::SUCCESS if d.lost => ffi::ERROR_GPU_IS_LOST,
+            r => r,
+        },
         None if device.is_null() => ffi::ERROR_INVALID_ARGUMENT,
         None => ffi::ERROR_NOT_FOUND,
     })
@@ -189,6 +195,46 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     };
     // SAFETY: the caller's contract.
     unsafe { handle_of(device, |d| d.bus == bus) }
+}
+
+/// # Safety
+/// `count` is NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGetExcludedDeviceCount(count: *mut u32) -> Ret {
+    // SAFETY: the caller's contract.
+    with_loaded(|l| unsafe { put(count, u32::try_from(l.excluded.len()).unwrap_or(0)) })
+}
+
+/// # Safety
+/// `info` is NULL or valid.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGetExcludedDeviceInfoByIndex(
+    index: u32,
+    info: *mut ffi::ExcludedDeviceInfo,
+) -> Ret {
+    with_loaded(|l| {
+        let Some(d) = l.excluded.get(index as usize) else {
+            return ffi::ERROR_INVALID_ARGUMENT;
+        };
+        let mut uuid = [0; ffi::DEVICE_UUID_BUFFER_SIZE];
+        for (to, &from) in uuid.iter_mut().zip(
+            d.uuid
+                .iter()
+                .take(ffi::DEVICE_UUID_BUFFER_SIZE.saturating_sub(1)),
+        ) {
+            *to = from as c_char;
+        }
+        // SAFETY: the caller's contract.
+        unsafe {
+            put(
+                info,
+                ffi::ExcludedDeviceInfo {
+                    pci: pci_info(d),
+                    uuid,
+                },
+            )
+        }
+    })
 }
 
 /// The GPUs whose CPU affinity includes `cpu`.

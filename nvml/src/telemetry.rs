@@ -1,10 +1,12 @@
 //! Power, temperatures, fan, utilization, performance state, modes, ECC, retired pages and
 //! remapped rows, MIG mode, processes.
 
+use alloc::vec::Vec;
+
 use crate::device::getter;
 use crate::ffi::{self, Device, Ret};
 use crate::out::{put, put_list};
-use crate::state::with_device;
+use crate::state::{Device as Gpu, with_device};
 
 getter! {
     nvmlDeviceGetPowerUsage: u32 => |d| d.power[0];
@@ -17,7 +19,12 @@ getter! {
     nvmlDeviceGetPowerState: u32 => |_d| ffi::PSTATE_0;
     nvmlDeviceGetPersistenceMode: u32 => |_d| ffi::FEATURE_ENABLED;
     nvmlDeviceGetComputeMode: u32 => |_d| ffi::COMPUTEMODE_DEFAULT;
-    nvmlDeviceGetRetiredPagesPendingStatus: u32 => |_d| ffi::FEATURE_DISABLED;
+    nvmlDeviceGetRetiredPagesPendingStatus: u32 => |d| u32::from(d.retired_pending && !row_remapping(d));
+}
+
+/// Whether the GPU remaps rows (Ampere and later) rather than retiring pages.
+fn row_remapping(d: &Gpu) -> bool {
+    d.architecture >= ffi::DEVICE_ARCH_AMPERE
 }
 
 /// # Safety
@@ -132,7 +139,8 @@ pub unsafe extern "C" fn nvmlDeviceGetEccMode(
     })
 }
 
-/// No error has happened: every counter is 0 (`NVML_ERROR_NOT_SUPPORTED` with ECC off).
+/// The served error counts (corrected, uncorrected), volatile and aggregate alike
+/// (`NVML_ERROR_NOT_SUPPORTED` with ECC off).
 ///
 /// # Safety
 /// `count` is NULL or valid.
@@ -143,18 +151,12 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     counter: u32,
     count: *mut u64,
 ) -> Ret {
-    if error >= ffi::MEMORY_ERROR_TYPE_COUNT || counter >= ffi::ECC_COUNTER_TYPE_COUNT {
-        return ffi::ERROR_INVALID_ARGUMENT;
-    }
-    with_device(device, |d| {
-        if !d.ecc {
-            return ffi::ERROR_NOT_SUPPORTED;
-        }
-        // SAFETY: the caller's contract.
-        unsafe { put(count, 0) }
-    })
+    // SAFETY: the caller's contract.
+    unsafe { ecc_errors(device, error, counter, ffi::MEMORY_LOCATION_DRAM, count) }
 }
 
+/// The counts are in device memory (DRAM); every other location has none.
+///
 /// # Safety
 /// `count` is NULL or valid.
 #[unsafe(no_mangle)]
@@ -162,17 +164,82 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryErrorCounter(
     device: Device,
     error: u32,
     counter: u32,
-    _location: u32,
+    location: u32,
     count: *mut u64,
 ) -> Ret {
     // SAFETY: the caller's contract.
-    unsafe { nvmlDeviceGetTotalEccErrors(device, error, counter, count) }
+    unsafe { ecc_errors(device, error, counter, location, count) }
 }
 
-/// No page has been retired.
+/// The `error` count (`nvmlMemoryErrorType_t`) in `location`.
 ///
 /// # Safety
 /// `count` is NULL or valid.
+unsafe fn ecc_errors(
+    device: Device,
+    error: u32,
+    counter: u32,
+    location: u32,
+    count: *mut u64,
+) -> Ret {
+    if counter >= ffi::ECC_COUNTER_TYPE_COUNT || location >= ffi::MEMORY_LOCATION_COUNT {
+        return ffi::ERROR_INVALID_ARGUMENT;
+    }
+    with_device(device, |d| {
+        let Some(&n) = d.ecc_errors.get(error as usize) else {
+            return ffi::ERROR_INVALID_ARGUMENT;
+        };
+        if !d.ecc {
+            return ffi::ERROR_NOT_SUPPORTED;
+        }
+        let n = if location == ffi::MEMORY_LOCATION_DRAM {
+            n
+        } else {
+            0
+        };
+        // SAFETY: the caller's contract.
+        unsafe { put(count, n) }
+    })
+}
+
+/// Before Ampere, the pages retired for double-bit errors (one per uncorrectable error, at
+/// made-up addresses); from Ampere on rows are remapped instead and no page is retired.
+///
+/// # Safety
+/// `count` is NULL or valid; `addresses` and `timestamps` are NULL or valid for `*count` values.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
+    device: Device,
+    cause: u32,
+    count: *mut u32,
+    addresses: *mut u64,
+    timestamps: *mut u64,
+) -> Ret {
+    if cause >= ffi::PAGE_RETIREMENT_CAUSE_COUNT {
+        return ffi::ERROR_INVALID_ARGUMENT;
+    }
+    with_device(device, |d| {
+        let retired =
+            if cause == ffi::PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR && !row_remapping(d) {
+                d.retired
+            } else {
+                0
+            };
+        let pages: Vec<u64> = (1..=u64::from(retired))
+            .map(|i| i.saturating_mul(4096))
+            .collect();
+        // SAFETY: the caller's contract.
+        let r = unsafe { put_list(count, addresses, &pages) };
+        if r == ffi::SUCCESS && !timestamps.is_null() && !pages.is_empty() {
+            // SAFETY: as `addresses`, which took the list.
+            unsafe { core::ptr::write_bytes(timestamps, 0, pages.len()) };
+        }
+        r
+    })
+}
+
+/// # Safety
+/// `count` is NULL or valid; `addresses` is NULL or valid for `*count` values.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
     device: Device,
@@ -180,30 +247,11 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
     count: *mut u32,
     addresses: *mut u64,
 ) -> Ret {
-    if cause >= ffi::PAGE_RETIREMENT_CAUSE_COUNT {
-        return ffi::ERROR_INVALID_ARGUMENT;
-    }
     // SAFETY: the caller's contract.
-    with_device(device, |_| unsafe {
-        put_list::<u64>(count, addresses, &[])
-    })
+    unsafe { nvmlDeviceGetRetiredPages_v2(device, cause, count, addresses, core::ptr::null_mut()) }
 }
 
-/// # Safety
-/// `count` is NULL or valid.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
-    device: Device,
-    cause: u32,
-    count: *mut u32,
-    addresses: *mut u64,
-    _timestamps: *mut u64,
-) -> Ret {
-    // SAFETY: the caller's contract.
-    unsafe { nvmlDeviceGetRetiredPages(device, cause, count, addresses) }
-}
-
-/// No row has been remapped, none is pending, none failed.
+/// From Ampere on, the rows remapped for uncorrectable errors, pending and failed (before: none).
 ///
 /// # Safety
 /// The four pointers are NULL or valid.
@@ -215,14 +263,26 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     pending: *mut u32,
     failed: *mut u32,
 ) -> Ret {
-    with_device(device, |_| {
-        let outs = [corrected, uncorrected, pending, failed];
-        if outs.iter().any(|p| p.is_null()) {
+    with_device(device, |d| {
+        if [corrected, uncorrected, pending, failed]
+            .iter()
+            .any(|p| p.is_null())
+        {
             return ffi::ERROR_INVALID_ARGUMENT;
         }
-        for p in outs {
+        let on = row_remapping(d);
+        let values = [
+            0,
+            if on { d.retired } else { 0 },
+            u32::from(on && d.retired_pending),
+            u32::from(on && d.remap_failure),
+        ];
+        for (p, v) in [corrected, uncorrected, pending, failed]
+            .into_iter()
+            .zip(values)
+        {
             // SAFETY: checked non-null, valid by the caller's contract.
-            unsafe { put(p, 0) };
+            unsafe { put(p, v) };
         }
         ffi::SUCCESS
     })

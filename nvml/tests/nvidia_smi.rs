@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use common::Rendered;
+use mockgpu_api::fault::{Fault, FaultKind};
 
 /// `nvidia-smi ARGS` with the libraries of `lib_dir` and the mock tree at `root`.
 fn smi(lib_dir: &Path, root: &Path, args: &[&str]) -> Output {
@@ -208,4 +209,118 @@ fn bad_arguments_exit_2_before_loading_anything() {
     let help = smi(empty.path(), empty.path(), &["-h"]);
     assert_eq!(help.status.code(), Some(0));
     assert!(stdout(&help).contains("--query-gpu"));
+}
+
+/// A GPU fallen off the bus (Xid 79).
+fn lost(gpu: u32) -> Fault {
+    Fault {
+        gpu,
+        kind: FaultKind::Xid,
+        xid: Some(79),
+        single_bit: None,
+        double_bit: None,
+        link: None,
+    }
+}
+
+#[test]
+fn a_lost_gpu_is_reported_on_stderr_and_the_others_listed() {
+    let tree = Rendered::with_faults("gb300", &[lost(1)]);
+    let gpus = &tree.topo.gpus;
+    let b = &gpus[1].bus_id;
+    let message = format!(
+        "Unable to determine the device handle for GPU{:04X}:{:02X}:{:02X}.0: GPU is lost. Reboot the system to recover this GPU\n",
+        b.domain, b.bus, b.slot
+    );
+    let lib = common::library_dir();
+    let out = smi(lib.path(), &tree.root(), &["-L"]);
+    assert_eq!(out.status.code(), Some(15));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), message);
+    let want: String = [0, 2, 3]
+        .iter()
+        .map(|&i| format!("GPU {i}: NVIDIA GB300 (UUID: {})\n", gpus[i].uuid))
+        .collect();
+    assert_eq!(stdout(&out), want);
+
+    let table = smi(lib.path(), &tree.root(), &[]);
+    assert_eq!(table.status.code(), Some(15));
+    assert_eq!(String::from_utf8_lossy(&table.stderr), message);
+    assert_eq!(stdout(&table).matches("NVIDIA GB300").count(), 3);
+
+    let by_uuid = smi(lib.path(), &tree.root(), &["-L", "-i", &gpus[1].uuid]);
+    assert_eq!(by_uuid.status.code(), Some(15));
+    assert_eq!(String::from_utf8_lossy(&by_uuid.stderr), message);
+    assert_eq!(stdout(&by_uuid), "");
+}
+
+#[test]
+fn ecc_errors_and_thermal_slowdown_show_in_the_log_and_the_csv() {
+    let faults = [
+        Fault {
+            single_bit: Some(4),
+            double_bit: Some(2),
+            kind: FaultKind::Ecc,
+            xid: None,
+            ..lost(0)
+        },
+        Fault {
+            kind: FaultKind::Thermal,
+            xid: None,
+            ..lost(0)
+        },
+    ];
+    let tree = Rendered::with_faults("h100", &faults);
+    let q = run_ok(
+        &tree,
+        &["-q", "-i", "0", "-d", "ECC,ROW_REMAPPER,PERFORMANCE"],
+    );
+    let key = |depth: usize, k: &str, v: &str| {
+        let label = format!("{}{k}", "    ".repeat(depth));
+        format!("\n{label:<55}: {v}\n")
+    };
+    for line in [
+        key(3, "DRAM Correctable", "4"),
+        key(3, "DRAM Uncorrectable", "2"),
+        key(3, "SRAM Uncorrectable", "0"),
+        key(2, "Uncorrectable Error", "2"),
+        key(2, "Pending", "Yes"),
+        key(2, "SW Thermal Slowdown", "Active"),
+        key(3, "HW Thermal Slowdown", "Active"),
+        key(2, "Idle", "Active"),
+    ] {
+        assert!(q.contains(&line), "missing {line:?} in\n{q}");
+    }
+    assert_eq!(
+        q.matches(&key(3, "DRAM Uncorrectable", "2")).count(),
+        2,
+        "volatile and aggregate"
+    );
+
+    let csv = run_ok(
+        &tree,
+        &[
+            "--query-gpu=ecc.errors.uncorrected.volatile.total,clocks_event_reasons.hw_thermal_slowdown,clocks_throttle_reasons.sw_thermal_slowdown,temperature.gpu",
+            "--format=csv,noheader",
+        ],
+    );
+    let rows: Vec<&str> = csv.lines().collect();
+    let nvml_file = |gpu: usize| {
+        std::fs::read_to_string(
+            tree.root()
+                .join(mockgpu_api::nvml::gpu_file(&tree.topo.gpus[gpu].bus_id)),
+        )
+        .unwrap()
+    };
+    let temperature = |gpu: usize| {
+        nvml_file(gpu)
+            .lines()
+            .find_map(|l| l.strip_prefix("Temperature: "))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(rows[0], format!("2, Active, Active, {}", temperature(0)));
+    assert_eq!(
+        rows[1],
+        format!("0, Not Active, Not Active, {}", temperature(1))
+    );
 }

@@ -81,7 +81,7 @@ echo "== gpustat and nvitop: $(grep -hE '^(gpustat|nvitop)==' tests/nvml/require
 tools() { "$CACHE/tools/bin/python" -B tests/nvml/tools_check.py "api/profiles/$profile.yaml"; }
 each tools
 
-echo "== go-nvml $(awk '$1 == "require" {print $3}' tests/nvml/go/go.mod): devices, an Xid event wait"
+echo "== go-nvml $(awk '$1 == "require" {print $3}' tests/nvml/go/go.mod): devices, an Xid wait's timeout, an Xid event"
 bash tests/nvml/go/build.sh "$CACHE" "$WORK/nvmllist"
 go_nvml() { bash tests/nvml/go/check.sh "$WORK/nvmllist" "$root" "api/profiles/$profile.yaml"; }
 each go_nvml

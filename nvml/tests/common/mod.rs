@@ -8,8 +8,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use mockgpu_agent::host::SysfsHost;
 use mockgpu_agent::output::write_tree;
-use mockgpu_agent::render::driver_tree;
+use mockgpu_agent::render::driver_tree_with;
 use mockgpu_api::driver::{DriverFiles, read_gpus};
+use mockgpu_api::fault::Fault;
 use mockgpu_api::{DriverGpu, NodeTopology, Profile};
 
 #[path = "../../../mockfs-shim/tests/common/cargo.rs"]
@@ -120,11 +121,23 @@ pub struct Rendered {
 
 impl Rendered {
     pub fn new(profile: &str) -> Rendered {
+        Rendered::with_faults(profile, &[])
+    }
+
+    /// The tree as `faults` leave it.
+    pub fn with_faults(profile: &str, faults: &[Fault]) -> Rendered {
         let host = SysfsHost::new(fixture("two-socket")).probe().unwrap();
         let topo =
             NodeTopology::build(&Profile::builtin(profile).unwrap(), "node-1", &host).unwrap();
+        for f in faults {
+            f.validate(&topo).unwrap();
+        }
         let dir = tempfile::tempdir().unwrap();
-        write_tree(&driver_tree(&topo, &host), &dir.path().join("root")).unwrap();
+        write_tree(
+            &driver_tree_with(&topo, &host, faults),
+            &dir.path().join("root"),
+        )
+        .unwrap();
         Rendered { dir, topo }
     }
 

@@ -3,7 +3,9 @@
 # over the rendered tree ROOT, with libnvidia-ml.so.1 on LD_LIBRARY_PATH. Its devices must be
 # the driver files' (UUID, minor, bus id, in minor order) with the nvml/ files' memory, as many
 # as the profile says, and its wait for an Xid event must end in NVML_ERROR_TIMEOUT (10) after
-# the timeout it was given: nothing raises an Xid.
+# the timeout it was given: nothing raises an Xid. Then, run again with -wait-xid, it must receive
+# the Xid 13 whose driver line is added to the served log (log/nvidia-xid) during its wait, as
+# the first GPU's.
 set -euo pipefail
 NVMLLIST=$1 ROOT=$2 PROFILE=$3
 TIMEOUT_MS=500
@@ -35,4 +37,21 @@ read -r code elapsed < <(sed -E 's/^xid wait: return (-?[0-9]+) \(.*\) after ([0
 if [ "$elapsed" -lt "$TIMEOUT_MS" ] || [ "$elapsed" -gt $((TIMEOUT_MS + SLACK_MS)) ]; then
   fail "the Xid wait's timeout took $elapsed ms, not $TIMEOUT_MS (up to $SLACK_MS more): $wait"
 fi
-echo "go-nvml: $(basename "$PROFILE" .yaml): $count GPUs as the driver files say; $wait"
+
+read -r uuid bus < <(sed -nE 's/^gpu 0 uuid=([^ ]+) .* bus=0000(.*)$/\1 \2/p' <<<"$out")
+bus=${bus,,}
+log=$ROOT/log/nvidia-xid
+events=$(mktemp)
+cp "$log" "$events.log"
+trap 'mv "$events.log" "$log"; rm -f "$events"' EXIT
+MOCKFS_ROOT=$ROOT "$NVMLLIST" -wait-xid 20 "$TIMEOUT_MS" >"$events" &
+pid=$!
+# The first wait ends after the program registered: the line added now is new to it.
+for _ in $(seq 200); do
+  grep -q '^xid wait: ' "$events" && break
+  sleep 0.05
+done
+echo "NVRM: Xid (PCI:${bus%.*}): 13, pid='<unknown>', name=<unknown>, Graphics Exception: ESR 0x404600=0x80000002" >>"$log"
+wait "$pid" || fail "nvmllist -wait-xid failed: $(cat "$events")"
+grep -qx "xid 13 $uuid" "$events" || fail "no Xid 13 event on $uuid: $(cat "$events")"
+echo "go-nvml: $(basename "$PROFILE" .yaml): $count GPUs as the driver files say; $wait; then xid 13 on GPU 0"

@@ -1,19 +1,22 @@
 // Command nvmllist is go-nvml (NVIDIA's Go bindings) as a consumer of the NVML library found as
 // libnvidia-ml.so.1: it lists the devices, one line each, then waits for an Xid critical error
-// on all of them and says how the wait ended. tests/nvml/run.sh compares the lines with the
-// served driver files.
+// on all of them and says how the wait ended; with -wait-xid it then waits up to that many
+// seconds for one more and prints it. tests/nvml/run.sh compares the lines with the served driver
+// files, and adds an Xid line to the served log during the second wait.
 //
-// Usage: nvmllist TIMEOUT_MS
+// Usage: nvmllist [-wait-xid SECONDS] TIMEOUT_MS
 //
 // Output:
 //
 //	gpu INDEX uuid=UUID minor=MINOR memory_total=BYTES bus=BUS_ID
 //	xid wait: return CODE (TEXT) after ELAPSED ms of TIMEOUT_MS
+//	xid CODE UUID
 //
-// Any failure before the wait ends the program with status 1 and the call that failed.
+// Any failure but the first wait's ends the program with status 1 and the call that failed.
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"strconv"
@@ -23,12 +26,14 @@ import (
 )
 
 func main() {
-	if len(os.Args) != 2 {
-		fail("usage: nvmllist TIMEOUT_MS")
+	waitXid := flag.Uint("wait-xid", 0, "after the first wait, wait up to `SECONDS` for an Xid event and print it")
+	flag.Parse()
+	if flag.NArg() != 1 {
+		fail("usage: nvmllist [-wait-xid SECONDS] TIMEOUT_MS")
 	}
-	timeout, err := strconv.ParseUint(os.Args[1], 10, 32)
+	timeout, err := strconv.ParseUint(flag.Arg(0), 10, 32)
 	if err != nil {
-		fail("TIMEOUT_MS %q: %v", os.Args[1], err)
+		fail("TIMEOUT_MS %q: %v", flag.Arg(0), err)
 	}
 	check("nvmlInit", nvml.Init())
 	defer func() { check("nvmlShutdown", nvml.Shutdown()) }()
@@ -56,6 +61,14 @@ func main() {
 	start := time.Now()
 	_, ret = set.Wait(uint32(timeout))
 	fmt.Printf("xid wait: return %d (%s) after %d ms of %d\n", int32(ret), nvml.ErrorString(ret), time.Since(start).Milliseconds(), timeout)
+	if *waitXid == 0 {
+		return
+	}
+	data, ret := set.Wait(uint32(*waitXid * 1000))
+	check("nvmlEventSetWait", ret)
+	uuid, ret := data.Device.GetUUID()
+	check("nvmlDeviceGetUUID (the event's device)", ret)
+	fmt.Printf("xid %d %s\n", data.EventData, uuid)
 }
 
 // check ends the program when an NVML call did not succeed.

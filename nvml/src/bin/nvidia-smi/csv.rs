@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use crate::info::{Clocks, Gpu, System};
 use crate::nvml::{Ret, Val};
 use crate::words::{
-    Stamp, cluster_uuid, compute_mode, enabled, fabric_state, fabric_status, mib, pstate, watts,
+    Stamp, active, cluster_uuid, compute_mode, enabled, fabric_state, fabric_status, mib, pstate,
+    watts,
 };
 
 /// What a field reads: the system, the moment, one GPU.
@@ -266,6 +267,63 @@ pub static FIELDS: &[Field] = &[
         None,
         "The current performance state, P0 (maximum) to P12 (minimum).",
         |_, g| g.performance_state.map(pstate),
+    ),
+    field(
+        &[
+            "clocks_event_reasons.supported",
+            "clocks_throttle_reasons.supported",
+        ],
+        None,
+        "Bitmask of the clocks event reasons the GPU reports.",
+        |_, g| {
+            g.supported_clocks_event_reasons
+                .map(|r| format!("0x{r:016X}"))
+        },
+    ),
+    field(
+        &[
+            "clocks_event_reasons.active",
+            "clocks_throttle_reasons.active",
+        ],
+        None,
+        "Bitmask of the clocks event reasons active now.",
+        |_, g| g.clocks_event_reasons.map(|r| format!("0x{r:016X}")),
+    ),
+    field(
+        &[
+            "clocks_event_reasons.gpu_idle",
+            "clocks_throttle_reasons.gpu_idle",
+        ],
+        None,
+        "Nothing runs on the GPU: the clocks are idle.",
+        |_, g| g.event_reason(0x1).map(|on| active(on).to_string()),
+    ),
+    field(
+        &[
+            "clocks_event_reasons.applications_clocks_setting",
+            "clocks_throttle_reasons.applications_clocks_setting",
+        ],
+        None,
+        "The applications clocks setting holds the clocks down.",
+        |_, g| g.event_reason(0x2).map(|on| active(on).to_string()),
+    ),
+    field(
+        &[
+            "clocks_event_reasons.hw_thermal_slowdown",
+            "clocks_throttle_reasons.hw_thermal_slowdown",
+        ],
+        None,
+        "The hardware slows the clocks down: the GPU is too hot.",
+        |_, g| g.event_reason(0x40).map(|on| active(on).to_string()),
+    ),
+    field(
+        &[
+            "clocks_event_reasons.sw_thermal_slowdown",
+            "clocks_throttle_reasons.sw_thermal_slowdown",
+        ],
+        None,
+        "The driver slows the clocks down: the GPU is over its slowdown temperature.",
+        |_, g| g.event_reason(0x20).map(|on| active(on).to_string()),
     ),
     field(
         &["memory.total"],

@@ -133,6 +133,9 @@ pub struct Gpu {
     pub mig_mode: Val<(u32, u32)>,
     pub fan_speed: Val<u32>,
     pub performance_state: Val<u32>,
+    /// `nvmlClocksEventReason*` bits: active now, and those the GPU reports.
+    pub clocks_event_reasons: Val<u64>,
+    pub supported_clocks_event_reasons: Val<u64>,
     pub memory: Val<Memory>,
     pub bar1: Val<Bar1>,
     pub compute_mode: Val<u32>,
@@ -202,6 +205,8 @@ impl Gpu {
             mig_mode: nvml.mig_mode(d),
             fan_speed: nvml.fan_speed(d),
             performance_state: nvml.performance_state(d),
+            clocks_event_reasons: nvml.clocks_event_reasons(d),
+            supported_clocks_event_reasons: nvml.supported_clocks_event_reasons(d),
             memory: nvml.memory(d),
             bar1: nvml.bar1(d),
             compute_mode: nvml.compute_mode(d),
@@ -232,6 +237,15 @@ impl Gpu {
             fabric: nvml.fabric(d),
             processes,
         }
+    }
+
+    /// Whether the clocks event reason `bit` is active (`NOT_SUPPORTED` when the GPU does not
+    /// report it).
+    pub fn event_reason(&self, bit: u64) -> Val<bool> {
+        if self.supported_clocks_event_reasons? & bit == 0 {
+            return Err(Ret::NOT_SUPPORTED);
+        }
+        Ok(self.clocks_event_reasons? & bit != 0)
     }
 
     /// The bus id NVML reports (`00000008:06:00.0`), which heads the GPU's `-q` block.
@@ -391,6 +405,8 @@ pub mod sample {
             mig_mode: Ok((0, 0)),
             fan_speed: na,
             performance_state: Ok(0),
+            clocks_event_reasons: Ok(1),
+            supported_clocks_event_reasons: Ok(0x1ff),
             memory: Ok(Memory {
                 total: 143_771 * MIB,
                 reserved: Some(616 * MIB),

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use args::Command;
 use info::{Gpu, Listed, System, Topology};
-use nvml::{Device, Nvml, Ret, StartError};
+use nvml::{Device, Found, Missing, Nvml, Ret, StartError};
 use words::{Stamp, or_na};
 
 const NO_LIBRARY: &str = "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA Display Driver is properly installed and present in your system.\nPlease also try adding directory that contains libnvidia-ml.so to your system PATH.";
@@ -52,11 +52,13 @@ fn start() -> Result<Nvml, Failure> {
     })
 }
 
-/// The GPUs `-i` names (all of them without `-i`), with their indexes.
+/// The GPUs `-i` names (all of them without `-i`), with their indexes. A GPU fallen off the bus
+/// is left out, its line added to `lost`, as the real tool reports it.
 fn devices(
     nvml: &Nvml,
     sys: &System,
     ids: Option<&[String]>,
+    lost: &mut Vec<String>,
 ) -> Result<Vec<(u32, Device)>, Failure> {
     let none = || Failure::new(NO_DEVICES, Ret::NOT_FOUND);
     let count = *sys
@@ -66,39 +68,63 @@ fn devices(
     if count == 0 {
         return Err(none());
     }
-    let all: Vec<Device> = (0..count)
-        .map(|i| nvml.by_index(i))
-        .collect::<Result<_, _>>()
-        .map_err(|e| {
-            Failure::new(
-                format!("Unable to determine the device handle: {}", e.message()),
-                e,
-            )
-        })?;
-    let Some(ids) = ids else {
-        return Ok(all
-            .into_iter()
-            .enumerate()
-            .map(|(i, d)| (i as u32, d))
-            .collect());
+    let mut all = Vec::new();
+    for i in 0..count {
+        match nvml.by_index(i) {
+            Err(m) if m.ret != Ret::GPU_IS_LOST => {
+                return Err(Failure::new(
+                    format!("Unable to determine the device handle: {}", m.ret.message()),
+                    m.ret,
+                ));
+            }
+            found => all.push((i, found)),
+        }
+    }
+    let picked: Vec<(u32, Found)> = match ids {
+        None => all,
+        Some(ids) => ids
+            .iter()
+            .map(|id| {
+                if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) {
+                    let i: usize = id.parse().map_err(|_| none())?;
+                    return all.get(i).copied().ok_or_else(none);
+                }
+                let found = if id.starts_with("GPU-") || id.starts_with("MIG-") {
+                    nvml.by_uuid(id)
+                } else if id.contains(':') {
+                    nvml.by_bus_id(id)
+                } else {
+                    nvml.by_serial(id)
+                };
+                match found {
+                    Ok(d) => Ok((nvml.index(d).map_err(|_| none())?, Ok(d))),
+                    Err(m) if m.ret == Ret::GPU_IS_LOST => Ok((0, Err(m))),
+                    Err(_) => Err(none()),
+                }
+            })
+            .collect::<Result<_, _>>()?,
     };
-    ids.iter()
-        .map(|id| {
-            let found = if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) {
-                let i: u32 = id.parse().map_err(|_| none())?;
-                return all.get(i as usize).map(|&d| (i, d)).ok_or_else(none);
-            } else if id.starts_with("GPU-") || id.starts_with("MIG-") {
-                nvml.by_uuid(id)
-            } else if id.contains(':') {
-                nvml.by_bus_id(id)
-            } else {
-                nvml.by_serial(id)
-            };
-            let d = found.map_err(|_| none())?;
-            let index = nvml.index(d).map_err(|_| none())?;
-            Ok((index, d))
-        })
-        .collect()
+    let mut out = Vec::new();
+    for (i, found) in picked {
+        match found {
+            Ok(d) => out.push((i, d)),
+            Err(m) => lost.push(lost_line(nvml, &m)),
+        }
+    }
+    Ok(out)
+}
+
+/// The real tool's line for a GPU fallen off the bus, named by its bus id when NVML still gives
+/// it (`Unable to determine the device handle for GPU0000:06:00.0: GPU is lost. …`).
+fn lost_line(nvml: &Nvml, m: &Missing) -> String {
+    let bus = m.handle.and_then(|d| nvml.pci(d).ok()).map_or_else(
+        || "Unknown".to_string(),
+        |p| format!("{:04X}:{:02X}:{:02X}.0", p.domain, p.bus, p.device),
+    );
+    format!(
+        "Unable to determine the device handle for GPU{bus}: {}. Reboot the system to recover this GPU",
+        m.ret.message()
+    )
 }
 
 /// A GPU's line of `-L`: `GPU 0: NVIDIA GB300 (UUID: GPU-…)`.
@@ -118,32 +144,38 @@ fn ready() -> Result<(Nvml, System), Failure> {
     Ok((nvml, sys))
 }
 
-fn gpus(nvml: &Nvml, sys: &System, ids: Option<&[String]>) -> Result<Vec<Gpu>, Failure> {
-    Ok(devices(nvml, sys, ids)?
+fn gpus(
+    nvml: &Nvml,
+    sys: &System,
+    ids: Option<&[String]>,
+    lost: &mut Vec<String>,
+) -> Result<Vec<Gpu>, Failure> {
+    Ok(devices(nvml, sys, ids, lost)?
         .into_iter()
         .map(|(i, d)| Gpu::collect(nvml, i, d))
         .collect())
 }
 
-fn run(cmd: Command) -> Result<String, Failure> {
+/// Runs `cmd`; the lines of the GPUs found lost go to `lost`.
+fn run(cmd: Command, lost: &mut Vec<String>) -> Result<String, Failure> {
     let now = Stamp::now();
     Ok(match cmd {
         Command::Help => help::text(),
         Command::HelpQueryGpu => csv::help(),
         Command::List { ids } => {
             let (nvml, sys) = ready()?;
-            devices(&nvml, &sys, ids.as_deref())?
+            devices(&nvml, &sys, ids.as_deref(), lost)?
                 .into_iter()
                 .map(|(i, d)| list_line(&Listed::collect(&nvml, i, d)))
                 .collect()
         }
         Command::Summary { ids } => {
             let (nvml, sys) = ready()?;
-            summary::render(&sys, &gpus(&nvml, &sys, ids.as_deref())?, &now)
+            summary::render(&sys, &gpus(&nvml, &sys, ids.as_deref(), lost)?, &now)
         }
         Command::Query { ids, display } => {
             let (nvml, sys) = ready()?;
-            let gpus = gpus(&nvml, &sys, ids.as_deref())?;
+            let gpus = gpus(&nvml, &sys, ids.as_deref(), lost)?;
             query::render(&sys, &gpus, display.as_deref(), &now)
         }
         Command::QueryGpu {
@@ -153,7 +185,7 @@ fn run(cmd: Command) -> Result<String, Failure> {
             units,
         } => {
             let (nvml, sys) = ready()?;
-            let gpus = gpus(&nvml, &sys, ids.as_deref())?;
+            let gpus = gpus(&nvml, &sys, ids.as_deref(), lost)?;
             let ctx = csv::Ctx {
                 sys: &sys,
                 now: &now,
@@ -162,7 +194,7 @@ fn run(cmd: Command) -> Result<String, Failure> {
         }
         Command::Topo => {
             let (nvml, sys) = ready()?;
-            let all: Vec<Device> = devices(&nvml, &sys, None)?
+            let all: Vec<Device> = devices(&nvml, &sys, None, lost)?
                 .into_iter()
                 .map(|(_, d)| d)
                 .collect();
@@ -183,13 +215,21 @@ fn run(cmd: Command) -> Result<String, Failure> {
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    let (out, code) = match args::parse(&argv) {
+    let mut lost = Vec::new();
+    let (out, mut code) = match args::parse(&argv) {
         Err(args::Usage(message)) => (format!("{message}\n"), 2),
-        Ok(cmd) => match run(cmd) {
+        Ok(cmd) => match run(cmd, &mut lost) {
             Ok(out) => (out, 0),
             Err(f) => (format!("{}\n", f.message), f.code),
         },
     };
+    // A lost GPU is reported on stderr and ends the run with `GPU_IS_LOST`, the others shown.
+    if !lost.is_empty() {
+        eprintln!("{}", lost.join("\n"));
+        if code == 0 {
+            code = Ret::GPU_IS_LOST.0 as u8;
+        }
+    }
     let mut stdout = std::io::stdout().lock();
     if stdout
         .write_all(out.as_bytes())

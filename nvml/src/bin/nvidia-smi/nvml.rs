@@ -22,6 +22,7 @@ impl Ret {
     pub const INSUFFICIENT_SIZE: Ret = Ret(7);
     pub const DRIVER_NOT_LOADED: Ret = Ret(9);
     pub const FUNCTION_NOT_FOUND: Ret = Ret(13);
+    pub const GPU_IS_LOST: Ret = Ret(15);
 
     /// `nvmlErrorString`'s text for this code.
     pub fn message(self) -> &'static str {
@@ -66,6 +67,33 @@ pub type Val<T> = Result<T, Ret>;
 
 fn check(code: u32) -> Val<()> {
     if code == 0 { Ok(()) } else { Err(Ret(code)) }
+}
+
+/// A handle lookup that failed: NVML's code, and the handle it wrote all the same, if any (the
+/// mock library writes a lost GPU's, whose `nvmlDeviceGetPciInfo` still names its bus).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Missing {
+    pub ret: Ret,
+    pub handle: Option<Device>,
+}
+
+impl From<Ret> for Missing {
+    fn from(ret: Ret) -> Self {
+        Missing { ret, handle: None }
+    }
+}
+
+/// A handle lookup's answer.
+pub type Found = Result<Device, Missing>;
+
+fn found(code: u32, d: Device) -> Found {
+    match check(code) {
+        Ok(()) => Ok(d),
+        Err(ret) => Err(Missing {
+            ret,
+            handle: (!d.0.is_null()).then_some(d),
+        }),
+    }
 }
 
 /// `nvmlDevice_t`: an opaque handle, compared by address.
@@ -244,6 +272,7 @@ type DevTwoU32 = unsafe extern "C" fn(Device, *mut c_uint, *mut c_uint) -> u32;
 type DevArgU32 = unsafe extern "C" fn(Device, c_uint, *mut c_uint) -> u32;
 type DevText = unsafe extern "C" fn(Device, *mut c_char, c_uint) -> u32;
 type ByText = unsafe extern "C" fn(*const c_char, *mut Device) -> u32;
+type DevU64 = unsafe extern "C" fn(Device, *mut c_ulonglong) -> u32;
 
 macro_rules! functions {
     ($($name:ident: $ty:ty;)*) => {
@@ -310,6 +339,8 @@ functions! {
     nvmlDeviceGetDefaultApplicationsClock: DevArgU32;
     nvmlDeviceGetMaxCustomerBoostClock: DevArgU32;
     nvmlDeviceGetPerformanceState: DevU32;
+    nvmlDeviceGetCurrentClocksEventReasons: DevU64;
+    nvmlDeviceGetSupportedClocksEventReasons: DevU64;
     nvmlDeviceGetPersistenceMode: DevU32;
     nvmlDeviceGetComputeMode: DevU32;
     nvmlDeviceGetDisplayMode: DevU32;
@@ -414,6 +445,14 @@ impl Nvml {
         Ok(v)
     }
 
+    fn u64_of(&self, f: Option<DevU64>, d: Device) -> Val<u64> {
+        let f = get(f)?;
+        let mut v = 0;
+        // SAFETY: one out pointer to a live u64.
+        check(unsafe { f(d, &mut v) })?;
+        Ok(v)
+    }
+
     fn u32_with(&self, f: Option<DevArgU32>, d: Device, arg: u32) -> Val<u32> {
         let f = get(f)?;
         let mut v = 0;
@@ -430,13 +469,12 @@ impl Nvml {
         Ok((a, b))
     }
 
-    fn by_text(&self, f: Option<ByText>, id: &str) -> Val<Device> {
-        let f = get(f)?;
-        let id = CString::new(id).map_err(|_| Ret::INVALID_ARGUMENT)?;
+    fn by_text(&self, f: Option<ByText>, id: &str) -> Found {
+        let f = get(f).map_err(Missing::from)?;
+        let id = CString::new(id).map_err(|_| Missing::from(Ret::INVALID_ARGUMENT))?;
         let mut d = Device(std::ptr::null_mut());
         // SAFETY: a NUL-terminated string and an out pointer to a live handle.
-        check(unsafe { f(id.as_ptr(), &mut d) })?;
-        Ok(d)
+        found(unsafe { f(id.as_ptr(), &mut d) }, d)
     }
 
     pub fn driver_version(&self) -> Val<String> {
@@ -472,23 +510,22 @@ impl Nvml {
         Ok(n)
     }
 
-    pub fn by_index(&self, index: u32) -> Val<Device> {
-        let f = get(self.f.nvmlDeviceGetHandleByIndex_v2)?;
+    pub fn by_index(&self, index: u32) -> Found {
+        let f = get(self.f.nvmlDeviceGetHandleByIndex_v2).map_err(Missing::from)?;
         let mut d = Device(std::ptr::null_mut());
         // SAFETY: an out pointer to a live handle.
-        check(unsafe { f(index, &mut d) })?;
-        Ok(d)
+        found(unsafe { f(index, &mut d) }, d)
     }
 
-    pub fn by_uuid(&self, uuid: &str) -> Val<Device> {
+    pub fn by_uuid(&self, uuid: &str) -> Found {
         self.by_text(self.f.nvmlDeviceGetHandleByUUID, uuid)
     }
 
-    pub fn by_bus_id(&self, bus_id: &str) -> Val<Device> {
+    pub fn by_bus_id(&self, bus_id: &str) -> Found {
         self.by_text(self.f.nvmlDeviceGetHandleByPciBusId_v2, bus_id)
     }
 
-    pub fn by_serial(&self, serial: &str) -> Val<Device> {
+    pub fn by_serial(&self, serial: &str) -> Found {
         self.by_text(self.f.nvmlDeviceGetHandleBySerial, serial)
     }
 
@@ -681,6 +718,16 @@ impl Nvml {
 
     pub fn display_active(&self, d: Device) -> Val<u32> {
         self.u32_of(self.f.nvmlDeviceGetDisplayActive, d)
+    }
+
+    /// The clocks event reasons now (`nvmlClocksEventReason*` bits).
+    pub fn clocks_event_reasons(&self, d: Device) -> Val<u64> {
+        self.u64_of(self.f.nvmlDeviceGetCurrentClocksEventReasons, d)
+    }
+
+    /// The clocks event reasons the GPU can report.
+    pub fn supported_clocks_event_reasons(&self, d: Device) -> Val<u64> {
+        self.u64_of(self.f.nvmlDeviceGetSupportedClocksEventReasons, d)
     }
 
     /// (current, pending) ECC mode.

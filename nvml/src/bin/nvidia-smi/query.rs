@@ -5,8 +5,8 @@ use std::fmt::{Display as Show, Write as _};
 use crate::info::{EccErrors, Gpu, System};
 use crate::nvml::Val;
 use crate::words::{
-    Stamp, architecture, brand, cluster_uuid, compute_mode, cuda_version, enabled, fabric_state,
-    fabric_status, mib, or_na, pstate, watts,
+    EVENT_REASONS, Stamp, active, architecture, brand, cluster_uuid, compute_mode, cuda_version,
+    enabled, fabric_state, fabric_status, mib, or_na, pstate, watts,
 };
 
 /// The groups `-d` selects.
@@ -161,6 +161,12 @@ fn gpu_block(doc: &mut Doc, g: &Gpu, show: &dyn Fn(Display) -> bool, full: bool)
     }
     if show(Display::Performance) {
         doc.val(1, "Performance State", &g.performance_state, |&p| pstate(p));
+        doc.head(1, "Clocks Event Reasons");
+        for (depth, label, bit) in EVENT_REASONS {
+            doc.val(depth, label, &g.event_reason(bit), |&on| {
+                active(on).to_string()
+            });
+        }
     }
     if show(Display::Memory) {
         let m = with_unit::<u64>("MiB");
@@ -374,6 +380,8 @@ GPU 00000000:83:00.0
             "                Current                                : 16x",
             "    Fan Speed                                          : N/A",
             "    Performance State                                  : P0",
+            "        Idle                                           : Active",
+            "            HW Thermal Slowdown                        : Not Active",
             "    Compute Mode                                       : Default",
             "        GPU                                            : 0 %",
             "        Current                                        : Enabled",
