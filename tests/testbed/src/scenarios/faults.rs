@@ -188,7 +188,18 @@ async fn faults_on_node0(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> 
         "nvidia-smi -L before the fault: want 4 GPUs:\n{before}"
     );
     // go-nvml registers for Xid events on the four GPUs and waits
-    let mut waiter = kubectl_command(&["-n", NS, "exec", POD, "--", NVMLLIST, "90000"])?;
+    // (a first wait of 100 ms ends in a timeout; by its line every GPU is registered)
+    let mut waiter = kubectl_command(&[
+        "-n",
+        NS,
+        "exec",
+        POD,
+        "--",
+        NVMLLIST,
+        "-wait-xid",
+        "90",
+        "100",
+    ])?;
     waiter.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = tokio::process::Command::from(waiter)
         .kill_on_drop(true)
@@ -196,13 +207,17 @@ async fn faults_on_node0(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> 
         .context("kubectl exec nvmllist")?;
     let mut lines = BufReader::new(child.stdout.take().context("nvmllist's stdout")?).lines();
     let mut listed = Vec::new();
-    while listed.len() < 4 {
+    while !listed
+        .last()
+        .is_some_and(|l: &String| l.starts_with("xid wait: "))
+    {
         match tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await {
             Ok(Ok(Some(l))) => listed.push(l),
-            other => bail!("nvmllist listed {listed:?}, then {other:?}"),
+            other => bail!("nvmllist printed {listed:?}, then {other:?}"),
         }
     }
-    // by the fourth line GPU 1 is registered (each GPU registers after its line)
+    let gpus = listed.iter().filter(|l| l.starts_with("gpu ")).count();
+    ensure!(gpus == 4, "go-nvml lists {gpus} GPUs, want 4: {listed:?}");
     let t = Instant::now();
     inject(faults, "xid79", NODE, xid(LOST, 79)).await?;
     let m = wait_applied(faults, "xid79", "True").await?;
