@@ -322,3 +322,26 @@ async fn shutdown() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::condition_type;
+
+    #[test]
+    fn condition_types() {
+        for good in ["GPUProblem", "example.com/GPUTrouble", "gpu-problem", "A"] {
+            assert_eq!(condition_type(good).as_deref(), Ok(good), "{good}");
+        }
+        for bad in [
+            "",
+            "GPU Problem",
+            "/GPUProblem",
+            "Example.com/X",
+            "x/",
+            "-x",
+            "x-",
+        ] {
+            assert!(condition_type(bad).is_err(), "{bad}");
+        }
+    }
+}
