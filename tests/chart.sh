@@ -117,6 +117,7 @@ want "$D" "controller RBAC: exactly its verbs, no Secret without remediation" \
      {g: ["mockgpu.io"], r: ["gpunodes"], v: ["get", "list", "watch"], n: null},
      {g: ["mockgpu.io"], r: ["gpunodes/status"], v: ["patch", "update"], n: null},
      {g: [""], r: ["nodes"], v: ["get", "list", "patch", "watch"], n: null},
+     {g: [""], r: ["nodes/status"], v: ["patch"], n: null},
      {g: [""], r: ["pods"], v: ["delete", "get", "list", "watch"], n: null},
      {g: ["events.k8s.io"], r: ["events"], v: ["create", "patch"], n: null}]'
 want "$D" "uninstall cleanup: a post-delete Job running mockgpu-controller cleanup, with exactly its verbs" \
@@ -150,7 +151,8 @@ want "$D" "controller: 2 replicas, non-root 65532, read-only root, probes, its e
      and ((.env[] | select(.name == "POD_NAMESPACE") | .valueFrom.fieldRef.fieldPath) == "metadata.namespace")
      and env("MOCKGPU_CONTROLLER_LISTEN") == "0.0.0.0:8080" and env("MOCKGPU_LEASE_NAME") == "'$F'-controller"
      and env("MOCKGPU_SLURMD_SELECTOR") == "app.kubernetes.io/name=slurmd" and env("MOCKGPU_REMEDIATION") == "false"
-     and env("MOCKGPU_STALE_AFTER") == "120" and env("MOCKGPU_SLURMRESTD_URL") == null))'
+     and env("MOCKGPU_STALE_AFTER") == "120" and env("MOCKGPU_SLURMRESTD_URL") == null
+     and env("MOCKGPU_NODE_CONDITION_TYPE") == "GPUProblem" and env("MOCKGPU_DRAIN_SLURM") == "false"))'
 want "$D" "admission policy: the agent service account on gpunodes and their status" \
   'obj("ValidatingAdmissionPolicy"; "'$F'-agent-own-gpunode").spec | .failurePolicy == "Fail"
    and .matchConstraints.resourceRules == [{apiGroups: ["mockgpu.io"], apiVersions: ["*"],
@@ -215,6 +217,18 @@ want "$P" "remediation: slurmrestd URL and token Secret in the environment" \
    and env("MOCKGPU_SLURMRESTD_URL") == "http://slurm-restapi.slurm:6820"
    and env("MOCKGPU_SLURMRESTD_TOKEN_SECRET") == "slurm-token-slurmrestd/auth-token"'
 want "$P" "remediation: the Role reads that one Secret" \
+  'obj("Role"; "'$F'-controller") | rules == [
+     {g: ["coordination.k8s.io"], r: ["leases"], v: ["create", "get", "update"], n: null},
+     {g: [""], r: ["secrets"], v: ["get"], n: ["slurm-token-slurmrestd"]}]'
+
+render fault-drain -f "$V/fault-drain-values.yaml"
+P=$T/fault-drain.json
+want "$P" "fault drain: its condition type, the drain, slurmrestd and its token without remediation" \
+  'obj("Deployment"; "'$F'-controller") | pod | ctr("controller") | env("MOCKGPU_REMEDIATION") == "false"
+   and env("MOCKGPU_DRAIN_SLURM") == "true" and env("MOCKGPU_NODE_CONDITION_TYPE") == "example.com/GPUTrouble"
+   and env("MOCKGPU_SLURMRESTD_URL") == "http://slurm-restapi.slurm:6820"
+   and env("MOCKGPU_SLURMRESTD_TOKEN_SECRET") == "slurm-token-slurmrestd/auth-token"'
+want "$P" "fault drain: the Role reads the token's Secret" \
   'obj("Role"; "'$F'-controller") | rules == [
      {g: ["coordination.k8s.io"], r: ["leases"], v: ["create", "get", "update"], n: null},
      {g: [""], r: ["secrets"], v: ["get"], n: ["slurm-token-slurmrestd"]}]'

@@ -92,6 +92,8 @@ fn settings() -> Settings {
         stale_after: Duration::from_secs(3600),
         injection_grace: Duration::from_secs(60),
         gpu_resource: "nvidia.com/gpu".into(),
+        drain_slurm: false,
+        node_condition_type: plan::GPU_PROBLEM.into(),
     }
 }
 

@@ -69,7 +69,21 @@ struct RunArgs {
     /// (delete the pod, so that it is recreated with mockgpu's files).
     #[arg(long, env = "MOCKGPU_REMEDIATION", default_value_t = false, action = clap::ArgAction::Set)]
     remediation: bool,
-    /// slurmrestd's URL (drift remediation deletes Slurm node records through it).
+    /// The type of the Node condition that tells the node's GPU faults (True with reason XidError
+    /// or GpuFault, False with NoGpuFault): for Slinky's NodeSet `propagatedNodeConditions`.
+    #[arg(
+        long,
+        env = "MOCKGPU_NODE_CONDITION_TYPE",
+        default_value = mockgpu_controller::plan::GPU_PROBLEM,
+        value_parser = condition_type
+    )]
+    node_condition_type: String,
+    /// Drain the Slurm nodes of a node with GPU faults through slurmrestd (reason `mockgpu: ...`)
+    /// and resume them when the faults clear (only a drain whose reason is still ours).
+    #[arg(long, env = "MOCKGPU_DRAIN_SLURM", default_value_t = false, action = clap::ArgAction::Set)]
+    drain_slurm: bool,
+    /// slurmrestd's URL (drift remediation deletes Slurm node records through it; the fault
+    /// drain drains and resumes nodes).
     #[arg(long, env = "MOCKGPU_SLURMRESTD_URL")]
     slurmrestd_url: Option<String>,
     /// The Secret key holding slurmrestd's JWT, as `<secret>/<key>` in the Lease's namespace.
@@ -180,8 +194,16 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             stale_after: Duration::from_secs(args.stale_after),
             injection_grace: INJECTION_GRACE,
             gpu_resource: "nvidia.com/gpu".into(),
+            drain_slurm: args.drain_slurm,
+            node_condition_type: args.node_condition_type,
         },
     };
+    if args.drain_slurm && args.slurmrestd_url.is_none() {
+        tracing::warn!(
+            "MOCKGPU_DRAIN_SLURM is on but no slurmrestd is configured (MOCKGPU_SLURMRESTD_URL): \
+             GPU faults set the node condition only"
+        );
+    }
     let slurm = match (&args.slurmrestd_url, &args.slurmrestd_token_secret) {
         (Some(url), Some(secret)) => {
             let token = slurmrestd::read_token(client.clone(), &cfg.namespace, secret).await?;
@@ -261,6 +283,29 @@ async fn slurm_delete_node(a: SlurmDeleteNode) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A Node condition type: a qualified name as Kubernetes' conditions take (`GPUProblem`,
+/// `example.com/GPUProblem`).
+fn condition_type(s: &str) -> Result<String, String> {
+    let (prefix, name) = s.rsplit_once('/').unwrap_or(("", s));
+    let ok_name = !name.is_empty()
+        && name.len() <= 316
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    let ok_prefix = prefix.is_empty()
+        || (prefix.len() <= 253
+            && prefix
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-.".contains(c)));
+    if ok_name && ok_prefix && !(s.contains('/') && prefix.is_empty()) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("not a condition type: {s:?}"))
+    }
+}
+
 /// Completes on SIGTERM or SIGINT.
 async fn shutdown() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -274,6 +319,29 @@ async fn shutdown() {
         Err(err) => {
             tracing::warn!(%err, "no SIGTERM handler; stopping on SIGINT only");
             let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::condition_type;
+
+    #[test]
+    fn condition_types() {
+        for good in ["GPUProblem", "example.com/GPUTrouble", "gpu-problem", "A"] {
+            assert_eq!(condition_type(good).as_deref(), Ok(good), "{good}");
+        }
+        for bad in [
+            "",
+            "GPU Problem",
+            "/GPUProblem",
+            "Example.com/X",
+            "x/",
+            "-x",
+            "x-",
+        ] {
+            assert!(condition_type(bad).is_err(), "{bad}");
         }
     }
 }

@@ -13,7 +13,7 @@ use prometheus_client::registry::Registry;
 /// Labels of the remediation counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabels {
-    /// `delete_slurm_node` or `delete_pod`.
+    /// `delete_slurm_node`, `delete_pod`, `drain_slurm_node` or `resume_slurm_node`.
     pub action: &'static str,
     /// `ok` or `error`.
     pub result: &'static str,
@@ -22,7 +22,7 @@ pub struct ActionLabels {
 /// Labels of the API-writes counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
-    /// `node_labels`, `gpunode_conditions` or `event`.
+    /// `node_labels`, `node_condition`, `gpunode_conditions` or `event`.
     pub kind: &'static str,
 }
 

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use mockgpu_api::Mode;
-use mockgpu_api::gpunode::condition;
+use mockgpu_api::gpunode::{GpuNodeFault, condition};
+use mockgpu_api::{FaultKind, Mode};
 
 use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, NodeLabels, PCI_NVIDIA, PROFILE};
 use crate::slim::{SlimContainer, SlimGpuNode, SlimPod};
+use crate::slurm::DRAIN_REASON_PREFIX;
 
 /// What the decision depends on besides the objects.
 #[derive(Debug, Clone)]
@@ -23,6 +24,24 @@ pub struct Settings {
     pub injection_grace: Duration,
     /// The extended resource of GPUs (`nvidia.com/gpu`).
     pub gpu_resource: String,
+    /// Drain the Slurm nodes of a node with GPU faults (and resume them once the faults clear).
+    pub drain_slurm: bool,
+    /// The type of the Node condition of GPU faults (default [`GPU_PROBLEM`]).
+    pub node_condition_type: String,
+}
+
+/// The GpuNode condition of the node's GPU faults, and the default type of the Node condition
+/// that mirrors it.
+pub const GPU_PROBLEM: &str = "GPUProblem";
+
+/// The reasons of [`GPU_PROBLEM`]: faults among which an Xid error is; other faults only; none.
+pub mod fault_reason {
+    /// An Xid error is among the faults.
+    pub const XID_ERROR: &str = "XidError";
+    /// Faults, none an Xid error (ECC errors, thermal slowdown, NVLink down, excluded).
+    pub const GPU_FAULT: &str = "GpuFault";
+    /// No fault.
+    pub const NO_GPU_FAULT: &str = "NoGpuFault";
 }
 
 /// Everything [`plan`] looks at.
@@ -64,6 +83,26 @@ pub struct Notice {
     pub note: String,
 }
 
+/// An Event about the node's GPU faults, recorded on the GpuNode and on the Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultEvent {
+    /// A warning (faults appeared), else normal (they cleared).
+    pub warning: bool,
+    /// `GpuFault` or `GpuFaultCleared`.
+    pub reason: &'static str,
+    /// What happened, in words.
+    pub note: String,
+}
+
+/// Slurm nodes to drain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmDrain {
+    /// Their names.
+    pub nodes: Vec<String>,
+    /// The reason (`mockgpu: ` and the faults).
+    pub reason: String,
+}
+
 /// What to do.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Plan {
@@ -72,6 +111,17 @@ pub struct Plan {
     pub labels: Option<BTreeMap<String, String>>,
     /// Our conditions to apply to the GpuNode status; `None`: unchanged.
     pub conditions: Option<Vec<Condition>>,
+    /// The node's GPU-fault condition ([`GPU_PROBLEM`]) to set on the Node (under the configured
+    /// type); `None`: unchanged.
+    pub node_condition: Option<Condition>,
+    /// The Event of the faults' appearance or clearing.
+    pub fault_event: Option<FaultEvent>,
+    /// Slurm nodes to drain (unless drained already, or by someone else): while there are
+    /// faults, at every reconcile.
+    pub slurm_drain: Option<SlurmDrain>,
+    /// Slurm nodes to resume (if drained by us): once, as the faults clear (before the
+    /// conditions are applied, so that a failure is tried again).
+    pub slurm_resume: Vec<String>,
     /// Slurm node records to delete (before `delete_pods`).
     pub slurm_nodes: Vec<String>,
     /// Pods to delete.
@@ -139,7 +189,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
         ctx.missing_condition(&missing, is_stale),
     ];
     let current = g.status.as_ref().map(|s| &s.conditions[..]).unwrap_or(&[]);
-    let mut next = Vec::with_capacity(wanted.len());
+    let mut next = Vec::with_capacity(wanted.len() + 1);
     let mut changed = false;
     for mut c in wanted {
         let old = current.iter().find(|o| o.type_ == c.type_);
@@ -156,10 +206,74 @@ pub fn plan(input: &Input<'_>) -> Plan {
         changed |= old.is_none_or(|o| !unchanged(o, &c));
         next.push(c);
     }
+    let old = current.iter().find(|o| o.type_ == GPU_PROBLEM);
+    if on_node {
+        let mut c = ctx.fault_condition();
+        let was_true = old.is_some_and(|o| o.status == "True");
+        match old {
+            Some(o) if o.status == c.status => {
+                c.last_transition_time = o.last_transition_time.clone()
+            }
+            _ if c.status == "True" => {
+                p.fault_event = Some(FaultEvent {
+                    warning: true,
+                    reason: "GpuFault",
+                    note: c.message.clone(),
+                })
+            }
+            _ if was_true => {
+                p.fault_event = Some(FaultEvent {
+                    warning: false,
+                    reason: "GpuFaultCleared",
+                    note: "the node's GPU faults cleared".into(),
+                })
+            }
+            _ => {}
+        }
+        if old.is_none_or(|o| !unchanged(o, &c)) {
+            changed = true;
+            p.node_condition = Some(Condition {
+                type_: input.settings.node_condition_type.clone(),
+                observed_generation: None,
+                ..c.clone()
+            });
+        }
+        if input.settings.drain_slurm {
+            let node = g.metadata.name.as_deref().unwrap_or_default();
+            let mut names: Vec<String> = Vec::new();
+            for pod in input.slurmd_pods.iter().filter(|p| !p.deleting()) {
+                let name = slurm_node_name(pod, node);
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            if c.status == "True" {
+                if !names.is_empty() {
+                    p.slurm_drain = Some(SlurmDrain {
+                        nodes: names,
+                        reason: format!("{DRAIN_REASON_PREFIX} {}", c.message),
+                    });
+                }
+            } else if was_true {
+                p.slurm_resume = names;
+            }
+        }
+        next.push(c);
+    } else if let Some(o) = old {
+        // no Node to set it on: kept as it is, until there is one
+        next.push(o.clone());
+    }
     if changed {
         p.conditions = Some(next);
     }
     p
+}
+
+/// One fault in words: `GPU 1 (GPU-…): Xid 79 (GPU has fallen off the bus.)`.
+fn fault_line(f: &GpuNodeFault) -> String {
+    let prefix = format!("GPU {}: ", f.gpu);
+    let what = f.message.strip_prefix(&prefix).unwrap_or(&f.message);
+    format!("GPU {} ({}): {what}", f.gpu, f.uuid)
 }
 
 /// Whether condition `new` would change nothing of `old`: all but the transition time (kept while
@@ -263,6 +377,22 @@ impl<'a> Ctx<'a> {
             .filter(|p| !p.deleting())
             .filter(|p| p.started.is_some_and(|t| t < since.0))
             .collect()
+    }
+
+    /// [`GPU_PROBLEM`]: True while the agent reports faults, naming each.
+    fn fault_condition(&self) -> Condition {
+        let faults = self.g.status.as_ref().map(|s| &s.faults[..]).unwrap_or(&[]);
+        if faults.is_empty() {
+            let msg = "no GPU faults".into();
+            return self.condition(GPU_PROBLEM, "False", fault_reason::NO_GPU_FAULT, msg);
+        }
+        let reason = if faults.iter().any(|f| f.kind == FaultKind::Xid) {
+            fault_reason::XID_ERROR
+        } else {
+            fault_reason::GPU_FAULT
+        };
+        let lines: Vec<String> = faults.iter().map(fault_line).collect();
+        self.condition(GPU_PROBLEM, "True", reason, lines.join("; "))
     }
 
     fn drifted_condition(&self, drifted: &[&SlimPod]) -> Condition {
@@ -488,6 +618,8 @@ mod tests {
             stale_after: Duration::from_secs(90),
             injection_grace: Duration::from_secs(60),
             gpu_resource: "nvidia.com/gpu".into(),
+            drain_slurm: false,
+            node_condition_type: GPU_PROBLEM.into(),
         }
     }
 
@@ -592,6 +724,8 @@ mod tests {
         pods: Vec<&'a Pod>,
         now: i64,
         remediation: bool,
+        drain: bool,
+        condition_type: &'static str,
     }
 
     /// The plan of `c`, its objects as the caches keep them.
@@ -604,7 +738,11 @@ mod tests {
             slurmd_pods: &slurmd.iter().collect::<Vec<_>>(),
             pods: &pods.iter().collect::<Vec<_>>(),
             now: t(c.now),
-            settings: &settings(c.remediation),
+            settings: &Settings {
+                drain_slurm: c.drain,
+                node_condition_type: c.condition_type.into(),
+                ..settings(c.remediation)
+            },
         })
     }
 
@@ -616,14 +754,17 @@ mod tests {
             pods: vec![],
             now: 10,
             remediation: false,
+            drain: false,
+            condition_type: GPU_PROBLEM,
         }
     }
 
-    /// Our conditions as (type, status, reason).
+    /// Our conditions but GPUProblem as (type, status, reason).
     fn conds(p: &Plan) -> Vec<(String, String, String)> {
         p.conditions
             .iter()
             .flatten()
+            .filter(|c| c.type_ != GPU_PROBLEM)
             .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
             .collect()
     }
@@ -958,6 +1099,242 @@ mod tests {
             Some([(PROFILE.to_string(), "real".to_string())].into())
         );
         assert_eq!(conds(&p)[2], c3("", "", "False:NotMocked")[2].clone());
+    }
+
+    /// An Xid 79 on GPU 1 and a thermal slowdown on GPU 2, as the agent reports them.
+    fn faults() -> Vec<GpuNodeFault> {
+        vec![
+            GpuNodeFault {
+                source: "GpuFault/xid".into(),
+                gpu: 1,
+                uuid: "GPU-1".into(),
+                kind: FaultKind::Xid,
+                xid: Some(79),
+                message: "GPU 1: Xid 79 (GPU has fallen off the bus.)".into(),
+            },
+            GpuNodeFault {
+                source: "local/hot".into(),
+                gpu: 2,
+                uuid: "GPU-2".into(),
+                kind: FaultKind::Thermal,
+                xid: None,
+                message: "GPU 2: thermal slowdown".into(),
+            },
+        ]
+    }
+
+    const FAULTS_MSG: &str = "GPU 1 (GPU-1): Xid 79 (GPU has fallen off the bus.); \
+                              GPU 2 (GPU-2): thermal slowdown";
+
+    fn with_faults(g: &GpuNode, f: Vec<GpuNodeFault>) -> GpuNode {
+        let mut g = g.clone();
+        g.status.as_mut().unwrap().faults = f;
+        g
+    }
+
+    /// The GPUProblem condition among the GpuNode conditions the plan applies.
+    fn fault_cond(p: &Plan) -> Option<&Condition> {
+        p.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == GPU_PROBLEM)
+    }
+
+    /// A node's first reconcile sets GPUProblem=False on the Node too (no Event); faults turn it
+    /// True (reason XidError when an Xid is among them, each faulty GPU named), with a warning,
+    /// once; cleared, it turns False with a normal Event, once.
+    #[test]
+    fn gpu_faults_set_the_node_condition_on_each_change_only() {
+        let n = labelled_node();
+        let g = gpunode(0, -500);
+        let first = run(&case(Some(&g), Some(&n)));
+        let nc = first
+            .node_condition
+            .clone()
+            .expect("a first node condition");
+        assert_eq!(
+            (&*nc.type_, &*nc.status, &*nc.reason),
+            (GPU_PROBLEM, "False", fault_reason::NO_GPU_FAULT)
+        );
+        assert_eq!(first.fault_event, None);
+        assert_eq!(fault_cond(&first).map(|c| &*c.status), Some("False"));
+        let g = applied(&g, &first);
+
+        let faulty = with_faults(&g, faults());
+        let p = run(&Case {
+            now: 20,
+            ..case(Some(&faulty), Some(&n))
+        });
+        let nc = p
+            .node_condition
+            .clone()
+            .expect("the node condition turns True");
+        assert_eq!(
+            (&*nc.type_, &*nc.status, &*nc.reason, &*nc.message),
+            (GPU_PROBLEM, "True", fault_reason::XID_ERROR, FAULTS_MSG)
+        );
+        assert_eq!(nc.last_transition_time, Time(t(20)));
+        assert_eq!(
+            p.fault_event,
+            Some(FaultEvent {
+                warning: true,
+                reason: "GpuFault",
+                note: FAULTS_MSG.into()
+            })
+        );
+        // the GpuNode's own condition says the same (and is what tells a change later)
+        assert_eq!(fault_cond(&p).map(|c| &*c.message), Some(FAULTS_MSG));
+        assert_eq!(conds(&p), conds(&first), "the other conditions stay");
+        assert!(p.notices.is_empty(), "{:?}", p.notices);
+        // nothing is drained unless asked
+        assert_eq!(
+            (p.slurm_drain.clone(), p.slurm_resume.clone()),
+            (None, vec![])
+        );
+
+        // applied: nothing changes while the faults stay
+        let faulty = applied(&faulty, &p);
+        let again = run(&Case {
+            now: 30,
+            ..case(Some(&faulty), Some(&n))
+        });
+        assert_eq!(
+            (again.conditions, again.node_condition, again.fault_event),
+            (None, None, None)
+        );
+
+        // a fault less: the message changes, the transition time stays, no Event
+        let fewer = with_faults(&faulty, faults()[1..].to_vec());
+        let p = run(&Case {
+            now: 40,
+            ..case(Some(&fewer), Some(&n))
+        });
+        let nc = p.node_condition.clone().expect("the message changes");
+        assert_eq!(
+            (&*nc.status, &*nc.reason, &*nc.message),
+            (
+                "True",
+                fault_reason::GPU_FAULT,
+                "GPU 2 (GPU-2): thermal slowdown"
+            )
+        );
+        assert_eq!(nc.last_transition_time, Time(t(20)));
+        assert_eq!(p.fault_event, None);
+        let fewer = applied(&fewer, &p);
+
+        // cleared
+        let cleared = with_faults(&fewer, vec![]);
+        let p = run(&Case {
+            now: 50,
+            ..case(Some(&cleared), Some(&n))
+        });
+        let nc = p
+            .node_condition
+            .clone()
+            .expect("the node condition turns False");
+        assert_eq!(
+            (&*nc.status, &*nc.reason),
+            ("False", fault_reason::NO_GPU_FAULT)
+        );
+        assert_eq!(nc.last_transition_time, Time(t(50)));
+        assert_eq!(
+            p.fault_event.as_ref().map(|e| (e.warning, e.reason)),
+            Some((false, "GpuFaultCleared"))
+        );
+        let again = run(&Case {
+            now: 60,
+            ..case(Some(&applied(&cleared, &p)), Some(&n))
+        });
+        assert_eq!((again.node_condition, again.fault_event), (None, None));
+    }
+
+    /// The Node condition takes the configured type; the GpuNode's keeps its own.
+    #[test]
+    fn the_node_condition_type_is_configurable() {
+        let g = with_faults(&gpunode(0, -500), faults());
+        let p = run(&Case {
+            condition_type: "example.com/GpuTrouble",
+            ..case(Some(&g), Some(&labelled_node()))
+        });
+        assert_eq!(
+            p.node_condition.clone().map(|c| (c.type_, c.status)),
+            Some(("example.com/GpuTrouble".to_string(), "True".to_string()))
+        );
+        assert_eq!(fault_cond(&p).map(|c| &*c.status), Some("True"));
+    }
+
+    /// Without its Node, nothing is set and the GpuNode's condition is not recorded either: the
+    /// Node gets it once it is there.
+    #[test]
+    fn no_node_no_node_condition() {
+        let g = with_faults(&gpunode(0, -500), faults());
+        let p = run(&Case {
+            drain: true,
+            ..case(Some(&g), None)
+        });
+        assert_eq!(
+            (p.node_condition.clone(), p.fault_event.clone()),
+            (None, None)
+        );
+        assert_eq!(fault_cond(&p), None);
+        assert_eq!(p.slurm_drain, None);
+        let later = run(&case(Some(&applied(&g, &p)), Some(&labelled_node())));
+        assert_eq!(
+            later.node_condition.map(|c| c.status),
+            Some("True".to_string())
+        );
+    }
+
+    /// With the drain on, a faulty node's Slurm nodes (named as slurmd registered them) are to be
+    /// drained at every reconcile while the faults last, with `mockgpu: ` and the faults as the
+    /// reason; once they clear, resumed once.
+    #[test]
+    fn the_drain_lasts_while_the_faults_do_and_resumes_once() {
+        let n = labelled_node();
+        let on_host = pod("slurmd-host", 0, None, true);
+        let mut own = pod("slurmd-own", 0, None, false);
+        own.spec.as_mut().unwrap().hostname = Some("gpu-a".into());
+        let g = applied(
+            &gpunode(0, -500),
+            &run(&case(Some(&gpunode(0, -500)), Some(&n))),
+        );
+        let faulty = with_faults(&g, faults());
+        let slurmd = [&on_host, &own];
+        fn drain_case<'a>(g: &'a GpuNode, n: &'a SlimNode, slurmd: &[&'a Pod]) -> Case<'a> {
+            Case {
+                drain: true,
+                slurmd: slurmd.to_vec(),
+                ..case(Some(g), Some(n))
+            }
+        }
+        let p = run(&drain_case(&faulty, &n, &slurmd));
+        let want = SlurmDrain {
+            nodes: vec!["node-a".into(), "gpu-a".into()],
+            reason: format!("mockgpu: {FAULTS_MSG}"),
+        };
+        assert_eq!(p.slurm_drain, Some(want.clone()));
+        assert!(p.slurm_resume.is_empty());
+        let faulty = applied(&faulty, &p);
+        // again, though nothing else changes
+        let again = run(&drain_case(&faulty, &n, &slurmd));
+        assert_eq!(again.conditions, None);
+        assert_eq!(again.slurm_drain, Some(want));
+        // off: never
+        let off = run(&Case {
+            drain: false,
+            ..drain_case(&faulty, &n, &slurmd)
+        });
+        assert_eq!(off.slurm_drain, None);
+        // cleared: resumed once
+        let cleared = with_faults(&faulty, vec![]);
+        let p = run(&drain_case(&cleared, &n, &slurmd));
+        assert_eq!(p.slurm_drain, None);
+        assert_eq!(p.slurm_resume, ["node-a", "gpu-a"]);
+        let again = run(&drain_case(&applied(&cleared, &p), &n, &slurmd));
+        assert_eq!((again.slurm_drain, again.slurm_resume), (None, vec![]));
+        // a healthy node is never resumed
+        let healthy = run(&drain_case(&g, &n, &slurmd));
+        assert!(healthy.slurm_resume.is_empty());
     }
 }
 

@@ -382,7 +382,14 @@ async fn reconcile_gpunode<S: SlurmNodes>(
     let held = g.status.as_ref().map_or(0, |s| s.held_gpus);
     ctx.metrics
         .node(&name, (!gone).then_some((g.spec.gpu_count, held)));
-    let result = ctx.writer.execute(&g, &p).await;
+    let result = ctx
+        .writer
+        .execute(
+            &g,
+            node.as_ref().and_then(|n| n.metadata.uid.as_deref()),
+            &p,
+        )
+        .await;
     ctx.metrics
         .reconcile_seconds
         .observe(started.elapsed().as_secs_f64());

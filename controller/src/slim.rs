@@ -20,7 +20,7 @@ use kube::core::{Expression, Selector};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use mockgpu_api::gpunode::condition;
-use mockgpu_api::{GpuNode, Mode};
+use mockgpu_api::{GpuNode, GpuNodeFault, Mode};
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
@@ -71,8 +71,11 @@ pub struct SlimStatus {
     /// The containers holding GPUs.
     #[serde(default)]
     pub pinning: Vec<SlimPinning>,
-    /// The controller's conditions (`Stale`, `Drifted`, `InjectionMissing`); the agent's are not
-    /// kept.
+    /// The faults on the node's GPUs (few: kept whole).
+    #[serde(default)]
+    pub faults: Vec<GpuNodeFault>,
+    /// The controller's conditions (`Stale`, `Drifted`, `InjectionMissing`, `GPUProblem`); the
+    /// agent's are not kept.
     #[serde(default, deserialize_with = "our_conditions")]
     pub conditions: Vec<Condition>,
 }
@@ -88,10 +91,11 @@ pub struct SlimPinning {
 }
 
 /// The condition types the controller sets (the only ones it reads back).
-pub const OUR_CONDITIONS: [&str; 3] = [
+pub const OUR_CONDITIONS: [&str; 4] = [
     condition::STALE,
     condition::DRIFTED,
     condition::INJECTION_MISSING,
+    crate::plan::GPU_PROBLEM,
 ];
 
 /// A Node as the controller watches it: its metadata only (requested as `PartialObjectMetadata`),

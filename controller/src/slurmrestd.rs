@@ -1,14 +1,17 @@
-//! [`SlurmNodes`] over slurmrestd's REST API: `DELETE /slurm/v0.0.42/node/{name}` (Slurm 24.11
-//! serves data_parser v0.0.40 to v0.0.42), authenticated by a JWT (`auth/jwt`) in the
-//! `X-SLURM-USER-NAME` / `X-SLURM-USER-TOKEN` headers. slurmrestd speaks plain HTTP; the token
-//! is read from a Kubernetes Secret ([`read_token`]).
+//! [`SlurmNodes`] over slurmrestd's REST API (Slurm 24.11 serves data_parser v0.0.40 to
+//! v0.0.42): `DELETE /slurm/v0.0.42/node/{name}` deletes a node's record; `GET` of the same path
+//! reads its state and reason, and `POST` of an `update_node_msg` there (`{"state": ["DRAIN"],
+//! "reason": "mockgpu: ..."}`, `{"state": ["RESUME"]}`) drains and resumes it. Requests are
+//! authenticated by a JWT (`auth/jwt`) in the `X-SLURM-USER-NAME` / `X-SLURM-USER-TOKEN`
+//! headers. slurmrestd speaks plain HTTP; the token is read from a Kubernetes Secret
+//! ([`read_token`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
@@ -16,14 +19,16 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Secret;
 use serde::Deserialize;
+use serde_json::json;
 use tracing::{debug, warn};
 
-use crate::slurm::{NodeDeleted, SlurmError, SlurmNodes};
+use crate::slurm::{Drain, NodeDeleted, Resume, SlurmError, SlurmNodes, reason_is_ours};
 
 /// The data_parser versions of the node endpoint, newest first: Slurm 24.11 serves all three,
 /// 24.05 up to v0.0.41, 23.11 up to v0.0.40 (and an operator may load fewer with `slurmrestd -d`).
 const API_VERSIONS: [&str; 3] = ["v0.0.42", "v0.0.41", "v0.0.40"];
-/// The largest answer read (slurmrestd's answers to a delete are about 1 KiB).
+/// The largest answer read (slurmrestd's answers to a delete are about 1 KiB, a node's
+/// description a few).
 const MAX_BODY: usize = 1 << 20;
 
 /// A bad slurmrestd client setting.
@@ -39,7 +44,7 @@ pub enum ConfigError {
 
 /// A slurmrestd client: one base URL, one user, one token (replaceable), one request timeout.
 pub struct Slurmrestd {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpConnector, Full<Bytes>>,
     base: String,
     user: HeaderValue,
     token: RwLock<HeaderValue>,
@@ -92,11 +97,20 @@ impl Slurmrestd {
             .map_err(|e| SlurmError::Http(format!("node url for {name:?}: {e}")))
     }
 
-    /// Sends one request and reads its whole answer, within the timeout.
-    async fn send(&self, method: Method, uri: Uri) -> Result<(StatusCode, Bytes), SlurmError> {
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
+    /// Sends one request (with a JSON `body`, if any) and reads its whole answer, within the
+    /// timeout.
+    async fn send(
+        &self,
+        method: Method,
+        uri: Uri,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(StatusCode, Bytes), SlurmError> {
+        let mut req = Request::builder().method(method).uri(uri);
+        if body.is_some() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+        let req = req
             .header("X-SLURM-USER-NAME", self.user.clone())
             .header(
                 "X-SLURM-USER-TOKEN",
@@ -105,7 +119,7 @@ impl Slurmrestd {
                     .unwrap_or_else(PoisonError::into_inner)
                     .clone(),
             )
-            .body(Empty::new())
+            .body(Full::new(body))
             .map_err(|e| SlurmError::Http(e.to_string()))?;
         let exchange = async {
             let resp = self
@@ -124,6 +138,89 @@ impl Slurmrestd {
             .await
             .map_err(|_| SlurmError::Timeout)?
     }
+}
+
+impl Slurmrestd {
+    /// Sends `method` (with `body`) to node `name`'s URL in the newest API version this server
+    /// serves (remembered), and answers what slurmrestd answered there.
+    async fn node_request(
+        &self,
+        method: Method,
+        name: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(StatusCode, Bytes), SlurmError> {
+        if !valid_node_name(name) {
+            return Err(SlurmError::Http(format!("invalid node name {name:?}")));
+        }
+        let first = self.version.load(Ordering::Relaxed);
+        for (i, version) in API_VERSIONS.iter().enumerate().skip(first) {
+            let (status, answer) = self
+                .send(method.clone(), self.node_url(version, name)?, body)
+                .await?;
+            debug!(node = name, version, %method, %status, "slurmrestd: node request");
+            if !path_not_served(status, &answer) {
+                self.version.store(i, Ordering::Relaxed);
+                return Ok((status, answer));
+            }
+        }
+        // a server upgraded meanwhile may serve a newer one again
+        self.version.store(0, Ordering::Relaxed);
+        Err(SlurmError::Http(format!(
+            "slurmrestd serves no node endpoint of {} (its data_parser plugins, `slurmrestd -d`)",
+            API_VERSIONS[first..].join(", ")
+        )))
+    }
+
+    /// Node `name`'s state flags and reason (`None`: no such node).
+    async fn node_info(&self, name: &str) -> Result<Option<NodeInfo>, SlurmError> {
+        let (status, body) = self.node_request(Method::GET, name, None).await?;
+        match node_outcome(status, &body)? {
+            NodeDeleted::AlreadyGone => Ok(None),
+            NodeDeleted::Deleted => {
+                let answer: NodesAnswer = serde_json::from_slice(&body).map_err(|e| {
+                    SlurmError::Http(format!("reading node {name}'s description: {e}"))
+                })?;
+                let mut nodes = answer.nodes;
+                let at = nodes.iter().position(|n| n.name == name).unwrap_or(0);
+                Ok((at < nodes.len()).then(|| nodes.swap_remove(at)))
+            }
+        }
+    }
+
+    /// Posts `update` (an `update_node_msg`) to node `name`: whether the node existed.
+    async fn update_node(
+        &self,
+        name: &str,
+        update: &serde_json::Value,
+    ) -> Result<bool, SlurmError> {
+        let (status, body) = self.node_request(Method::POST, name, Some(update)).await?;
+        Ok(node_outcome(status, &body)? == NodeDeleted::Deleted)
+    }
+}
+
+/// A node as slurmrestd's `GET /slurm/v0.0.4x/node/{name}` describes it: the part read.
+#[derive(Debug, Clone, Default, Deserialize)]
+struct NodeInfo {
+    #[serde(default)]
+    name: String,
+    /// The base state and its flags (`["IDLE", "DRAIN"]`).
+    #[serde(default)]
+    state: Vec<String>,
+    /// Why it is drained or down (empty: no reason).
+    #[serde(default)]
+    reason: String,
+}
+
+impl NodeInfo {
+    fn drained(&self) -> bool {
+        self.state.iter().any(|s| s.eq_ignore_ascii_case("DRAIN"))
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct NodesAnswer {
+    #[serde(default)]
+    nodes: Vec<NodeInfo>,
 }
 
 /// A header value of `what` (the token's is marked sensitive: never logged).
@@ -154,8 +251,9 @@ impl WithSecretToken {
     }
 }
 
-impl SlurmNodes for WithSecretToken {
-    async fn delete_node(&self, name: &str) -> Result<NodeDeleted, SlurmError> {
+impl WithSecretToken {
+    /// Reads the token again (a failure keeps the one before, and says so).
+    async fn refresh(&self) {
         let fresh = read_token(self.client.clone(), &self.namespace, &self.secret).await;
         match fresh.map(|t| self.rest.set_token(&t)) {
             Ok(Ok(())) => {}
@@ -166,33 +264,68 @@ impl SlurmNodes for WithSecretToken {
                 warn!(%err, "cannot read the slurmrestd token again; keeping the one before")
             }
         }
+    }
+}
+
+impl SlurmNodes for WithSecretToken {
+    async fn delete_node(&self, name: &str) -> Result<NodeDeleted, SlurmError> {
+        self.refresh().await;
         self.rest.delete_node(name).await
+    }
+
+    async fn drain_node(&self, name: &str, reason: &str) -> Result<Drain, SlurmError> {
+        self.refresh().await;
+        self.rest.drain_node(name, reason).await
+    }
+
+    async fn resume_node(&self, name: &str) -> Result<Resume, SlurmError> {
+        self.refresh().await;
+        self.rest.resume_node(name).await
     }
 }
 
 impl SlurmNodes for Slurmrestd {
     async fn delete_node(&self, name: &str) -> Result<NodeDeleted, SlurmError> {
-        if !valid_node_name(name) {
-            return Err(SlurmError::Http(format!("invalid node name {name:?}")));
+        let (status, body) = self.node_request(Method::DELETE, name, None).await?;
+        node_outcome(status, &body)
+    }
+
+    async fn drain_node(&self, name: &str, reason: &str) -> Result<Drain, SlurmError> {
+        let Some(node) = self.node_info(name).await? else {
+            return Ok(Drain::NoSuchNode);
+        };
+        if !node.reason.is_empty() && !reason_is_ours(&node.reason) {
+            return Ok(Drain::Foreign(node.reason));
         }
-        let first = self.version.load(Ordering::Relaxed);
-        for (i, version) in API_VERSIONS.iter().enumerate().skip(first) {
-            let (status, body) = self
-                .send(Method::DELETE, self.node_url(version, name)?)
-                .await?;
-            let outcome = delete_outcome(status, &body);
-            debug!(node = name, version, %status, ?outcome, "slurmrestd: delete node");
-            if let Answered::Node(deleted) = outcome? {
-                self.version.store(i, Ordering::Relaxed);
-                return Ok(deleted);
-            }
+        if node.drained() && node.reason == reason {
+            return Ok(Drain::AlreadyDrained);
         }
-        // a server upgraded meanwhile may serve a newer one again
-        self.version.store(0, Ordering::Relaxed);
-        Err(SlurmError::Http(format!(
-            "slurmrestd serves no node endpoint of {} (its data_parser plugins, `slurmrestd -d`)",
-            API_VERSIONS[first..].join(", ")
-        )))
+        let update = json!({"state": ["DRAIN"], "reason": reason});
+        Ok(match self.update_node(name, &update).await? {
+            true => Drain::Drained,
+            false => Drain::NoSuchNode,
+        })
+    }
+
+    async fn resume_node(&self, name: &str) -> Result<Resume, SlurmError> {
+        let Some(node) = self.node_info(name).await? else {
+            return Ok(Resume::NoSuchNode);
+        };
+        if !node.drained() {
+            return Ok(Resume::NotDrained);
+        }
+        if !reason_is_ours(&node.reason) {
+            return Ok(Resume::NotOurs(node.reason));
+        }
+        Ok(
+            match self
+                .update_node(name, &json!({"state": ["RESUME"]}))
+                .await?
+            {
+                true => Resume::Resumed,
+                false => Resume::NoSuchNode,
+            },
+        )
     }
 }
 
@@ -239,19 +372,17 @@ impl AnswerError {
     }
 }
 
-/// What slurmrestd's answer to a request about one node says.
-#[derive(Debug, PartialEq, Eq)]
-enum Answered {
-    /// The node's fate.
-    Node(NodeDeleted),
-    /// This server does not serve the URL (that API version is not loaded).
-    PathNotServed,
+/// Whether slurmrestd's answer says it does not serve the URL (that API version is not loaded):
+/// 404 with a plain-text "Unable find requested URL".
+fn path_not_served(status: StatusCode, body: &[u8]) -> bool {
+    status == StatusCode::NOT_FOUND && body.starts_with(b"Unable find requested URL")
 }
 
-/// What slurmrestd's answer to a node deletion means. A token slurmrestd cannot parse gets 401;
-/// one whose signature slurmctld rejects, 511 with error 1007; a missing node, 500 with error
-/// 2018; a URL it does not serve, 404 with a plain-text "Unable find requested URL".
-fn delete_outcome(status: StatusCode, body: &[u8]) -> Result<Answered, SlurmError> {
+/// What slurmrestd's answer to a request about one node (a deletion, a read, an update) at a URL
+/// it serves means: `Deleted`, the request succeeded; `AlreadyGone`, there is no such node. A
+/// token slurmrestd cannot parse gets 401; one whose signature slurmctld rejects, 511 with error
+/// 1007; a missing node, 500 with error 2018 (or 404).
+fn node_outcome(status: StatusCode, body: &[u8]) -> Result<NodeDeleted, SlurmError> {
     // an answer that is not slurmrestd's JSON (a plain-text one, a proxy's page) has no errors
     let answer: Answer = serde_json::from_slice(body).unwrap_or_default();
     if matches!(status.as_u16(), 401 | 403 | 511)
@@ -262,14 +393,11 @@ fn delete_outcome(status: StatusCode, body: &[u8]) -> Result<Answered, SlurmErro
     {
         return Err(SlurmError::Unauthorized);
     }
-    if status == StatusCode::NOT_FOUND && body.starts_with(b"Unable find requested URL") {
-        return Ok(Answered::PathNotServed);
-    }
     if status == StatusCode::NOT_FOUND || answer.errors.iter().any(AnswerError::node_not_found) {
-        return Ok(Answered::Node(NodeDeleted::AlreadyGone));
+        return Ok(NodeDeleted::AlreadyGone);
     }
     if status.is_success() && answer.errors.is_empty() {
-        return Ok(Answered::Node(NodeDeleted::Deleted));
+        return Ok(NodeDeleted::Deleted);
     }
     let what = answer
         .errors
@@ -444,24 +572,23 @@ mod tests {
     const DELETED_BODY: &str = r#"{"errors":[],"warnings":[],"meta":{}}"#;
 
     #[test]
-    fn delete_outcomes() {
+    fn node_outcomes() {
         use NodeDeleted::*;
-        let ok = |s, b: &str| delete_outcome(StatusCode::from_u16(s).unwrap(), b.as_bytes());
+        let code = |s| StatusCode::from_u16(s).unwrap();
+        assert!(path_not_served(code(404), NOT_SERVED_BODY.as_bytes()));
+        assert!(!path_not_served(code(404), b""));
+        assert!(!path_not_served(code(500), NOT_SERVED_BODY.as_bytes()));
+        let ok = |s, b: &str| node_outcome(code(s), b.as_bytes());
         for (status, body, want) in [
-            (200, DELETED_BODY, Answered::Node(Deleted)),
-            (200, "", Answered::Node(Deleted)),
-            (404, "", Answered::Node(AlreadyGone)),
-            (404, NOT_SERVED_BODY, Answered::PathNotServed),
-            (500, NOT_FOUND_BODY, Answered::Node(AlreadyGone)),
-            (
-                500,
-                r#"{"errors":[{"error_number":2018}]}"#,
-                Answered::Node(AlreadyGone),
-            ),
+            (200, DELETED_BODY, Deleted),
+            (200, "", Deleted),
+            (404, "", AlreadyGone),
+            (500, NOT_FOUND_BODY, AlreadyGone),
+            (500, r#"{"errors":[{"error_number":2018}]}"#, AlreadyGone),
             (
                 200,
                 r#"{"errors":[{"error":"invalid node name specified"}]}"#,
-                Answered::Node(AlreadyGone),
+                AlreadyGone,
             ),
         ] {
             assert_eq!(ok(status, body).unwrap(), want, "{status} {body}");
@@ -607,16 +734,26 @@ mod tests {
         path: String,
         user: Option<String>,
         token: Option<String>,
+        content_type: Option<String>,
+        /// The JSON body (`Null`: none).
+        body: serde_json::Value,
     }
 
     /// A fake slurmrestd answering every request with `status` and `body`; its URL and what it saw.
     async fn fake(status: u16, body: &'static str) -> (String, mpsc::UnboundedReceiver<Seen>) {
-        fake_by_path(move |_| (status, body)).await
+        fake_by(move |_, _| (status, body)).await
     }
 
     /// A fake slurmrestd whose answer depends on the path.
     async fn fake_by_path(
         answer: impl Fn(&str) -> (u16, &'static str) + Clone + Send + Sync + 'static,
+    ) -> (String, mpsc::UnboundedReceiver<Seen>) {
+        fake_by(move |_, path| answer(path)).await
+    }
+
+    /// A fake slurmrestd whose answer depends on the method and the path.
+    async fn fake_by(
+        answer: impl Fn(&Method, &str) -> (u16, &'static str) + Clone + Send + Sync + 'static,
     ) -> (String, mpsc::UnboundedReceiver<Seen>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -625,24 +762,34 @@ mod tests {
             while let Ok((conn, _)) = listener.accept().await {
                 let (tx, answer) = (tx.clone(), answer.clone());
                 let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let (status, body) = answer(req.uri().path());
-                    let header = |n| {
-                        req.headers()
-                            .get(n)
-                            .and_then(|v| v.to_str().ok())
-                            .map(str::to_owned)
-                    };
-                    let _ = tx.send(Seen {
-                        method: req.method().clone(),
-                        path: req.uri().path().to_owned(),
-                        user: header("x-slurm-user-name"),
-                        token: header("x-slurm-user-token"),
-                    });
-                    let resp = hyper::Response::builder()
-                        .status(status)
-                        .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from_static(body.as_bytes())));
-                    async move { Ok::<_, Infallible>(resp.unwrap()) }
+                    let (tx, answer) = (tx.clone(), answer.clone());
+                    async move {
+                        let (status, body) = answer(req.method(), req.uri().path());
+                        let header = |n| {
+                            req.headers()
+                                .get(n)
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned)
+                        };
+                        let mut seen = Seen {
+                            method: req.method().clone(),
+                            path: req.uri().path().to_owned(),
+                            user: header("x-slurm-user-name"),
+                            token: header("x-slurm-user-token"),
+                            content_type: header("content-type"),
+                            body: serde_json::Value::Null,
+                        };
+                        let bytes = req.into_body().collect().await.unwrap().to_bytes();
+                        if !bytes.is_empty() {
+                            seen.body = serde_json::from_slice(&bytes).expect("a JSON body");
+                        }
+                        let _ = tx.send(seen);
+                        let resp = hyper::Response::builder()
+                            .status(status)
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from_static(body.as_bytes())));
+                        Ok::<_, Infallible>(resp.unwrap())
+                    }
                 });
                 tokio::spawn(
                     hyper::server::conn::http1::Builder::new()
@@ -651,6 +798,195 @@ mod tests {
             }
         });
         (url, rx)
+    }
+
+    /// Everything the fake saw so far.
+    fn all_seen(seen: &mut mpsc::UnboundedReceiver<Seen>) -> Vec<Seen> {
+        let mut all = Vec::new();
+        while let Ok(s) = seen.try_recv() {
+            all.push(s);
+        }
+        all
+    }
+
+    // slurmrestd's description of node0 (trimmed): idle, drained by us, drained by an admin,
+    // down with an admin's reason
+    const IDLE_NODE: &str =
+        r#"{"nodes":[{"name":"node0","state":["IDLE"],"reason":""}],"errors":[],"warnings":[]}"#;
+    const OUR_DRAIN: &str = r#"{"nodes":[{"name":"node0","state":["IDLE","DRAIN"],"reason":"mockgpu: GPU 1 (GPU-1): Xid 79 (GPU has fallen off the bus.)"}],"errors":[]}"#;
+    const ADMIN_DRAIN: &str = r#"{"nodes":[{"name":"node0","state":["MIXED","DRAIN"],"reason":"admin: bad DIMM"}],"errors":[]}"#;
+    const ADMIN_DOWN: &str =
+        r#"{"nodes":[{"name":"node0","state":["DOWN"],"reason":"admin: cabling"}],"errors":[]}"#;
+    const REASON: &str = "mockgpu: GPU 1 (GPU-1): Xid 79 (GPU has fallen off the bus.)";
+
+    /// Drains `node0` with [`REASON`] through a fake whose GET answers `described` (and every
+    /// other request [`DELETED_BODY`]): the outcome and the requests as (method, path, body).
+    async fn drain_via(
+        described: &'static str,
+    ) -> (
+        Result<Drain, SlurmError>,
+        Vec<(Method, String, serde_json::Value)>,
+        Vec<Seen>,
+    ) {
+        let (url, mut seen) = fake_by(move |m, _| match *m == Method::GET {
+            true => (200, described),
+            false => (200, DELETED_BODY),
+        })
+        .await;
+        let r = client(&url, Duration::from_secs(5))
+            .drain_node("node0", REASON)
+            .await;
+        let all = all_seen(&mut seen);
+        let brief = all
+            .iter()
+            .map(|s| (s.method.clone(), s.path.clone(), s.body.clone()))
+            .collect();
+        (r, brief, all)
+    }
+
+    /// An idle node is read, then drained by a POST of `update_node_msg` with our reason (JSON,
+    /// with the JWT headers).
+    #[tokio::test]
+    async fn drains_an_idle_node_with_our_reason() {
+        let (r, requests, all) = drain_via(IDLE_NODE).await;
+        assert_eq!(r.unwrap(), Drain::Drained);
+        let path = "/slurm/v0.0.42/node/node0".to_string();
+        assert_eq!(
+            requests,
+            [
+                (Method::GET, path.clone(), serde_json::Value::Null),
+                (
+                    Method::POST,
+                    path,
+                    json!({"state": ["DRAIN"], "reason": REASON})
+                ),
+            ]
+        );
+        assert_eq!(all[1].content_type.as_deref(), Some("application/json"));
+        assert_eq!(all[1].token.as_deref(), Some("eyJ.tok.en"));
+        assert_eq!(all[1].user.as_deref(), Some("slurm"));
+    }
+
+    /// A node drained by us with the same reason is left alone; with another reason of ours it
+    /// gets the new one; a drain or a down of someone else's is never touched.
+    #[tokio::test]
+    async fn drains_only_what_is_not_drained_already_or_by_someone_else() {
+        let (r, requests, _) = drain_via(OUR_DRAIN).await;
+        assert_eq!(r.unwrap(), Drain::AlreadyDrained);
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        for (described, reason) in [
+            (ADMIN_DRAIN, "admin: bad DIMM"),
+            (ADMIN_DOWN, "admin: cabling"),
+        ] {
+            let (r, requests, _) = drain_via(described).await;
+            assert_eq!(r.unwrap(), Drain::Foreign(reason.into()));
+            assert_eq!(requests.len(), 1, "{requests:?}");
+            assert_eq!(requests[0].0, Method::GET);
+        }
+        const OTHER_OF_OURS: &str = r#"{"nodes":[{"name":"node0","state":["IDLE","DRAIN"],"reason":"mockgpu: GPU 0 (GPU-0): excluded"}]}"#;
+        let (r, requests, _) = drain_via(OTHER_OF_OURS).await;
+        assert_eq!(r.unwrap(), Drain::Drained);
+        assert_eq!(requests[1].2, json!({"state": ["DRAIN"], "reason": REASON}));
+    }
+
+    /// Resumes `node0` through a fake whose GET answers `described` (a missing node: 500 with
+    /// error 2018): the outcome and the requests.
+    async fn resume_via(
+        status: u16,
+        described: &'static str,
+    ) -> (
+        Result<Resume, SlurmError>,
+        Vec<(Method, String, serde_json::Value)>,
+    ) {
+        let (url, mut seen) = fake_by(move |m, _| match *m == Method::GET {
+            true => (status, described),
+            false => (200, DELETED_BODY),
+        })
+        .await;
+        let r = client(&url, Duration::from_secs(5))
+            .resume_node("node0")
+            .await;
+        let all = all_seen(&mut seen);
+        (
+            r,
+            all.into_iter()
+                .map(|s| (s.method, s.path, s.body))
+                .collect(),
+        )
+    }
+
+    /// Our drain is resumed (`{"state": ["RESUME"]}`); someone else's drain is not, nor is a node
+    /// that is not drained or does not exist: each only read.
+    #[tokio::test]
+    async fn resumes_only_our_own_drain() {
+        let (r, requests) = resume_via(200, OUR_DRAIN).await;
+        assert_eq!(r.unwrap(), Resume::Resumed);
+        let path = "/slurm/v0.0.42/node/node0".to_string();
+        assert_eq!(
+            requests,
+            [
+                (Method::GET, path.clone(), serde_json::Value::Null),
+                (Method::POST, path, json!({"state": ["RESUME"]})),
+            ]
+        );
+        let (r, requests) = resume_via(200, ADMIN_DRAIN).await;
+        assert_eq!(r.unwrap(), Resume::NotOurs("admin: bad DIMM".into()));
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        for (status, described, want) in [
+            (200, IDLE_NODE, Resume::NotDrained),
+            (200, ADMIN_DOWN, Resume::NotDrained),
+            (500, NOT_FOUND_BODY, Resume::NoSuchNode),
+            (200, r#"{"nodes":[],"errors":[]}"#, Resume::NoSuchNode),
+        ] {
+            let (r, requests) = resume_via(status, described).await;
+            assert_eq!(r.unwrap(), want, "{described}");
+            assert_eq!(requests.len(), 1, "{requests:?}");
+            assert_eq!(requests[0].0, Method::GET);
+        }
+    }
+
+    /// A rejected token fails a drain at the read, before any update.
+    #[tokio::test]
+    async fn a_rejected_token_fails_the_drain() {
+        let (url, mut seen) = fake(401, "Authentication failure").await;
+        let r = client(&url, Duration::from_secs(5))
+            .drain_node("node0", REASON)
+            .await;
+        assert!(matches!(r, Err(SlurmError::Unauthorized)), "{r:?}");
+        let all = all_seen(&mut seen);
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].method, Method::GET);
+    }
+
+    /// The update goes to the API version the read found served.
+    #[tokio::test]
+    async fn a_drain_falls_back_to_an_older_api_version() {
+        let (url, mut seen) =
+            fake_by(
+                |m, path| match (path.starts_with("/slurm/v0.0.40/"), *m == Method::GET) {
+                    (false, _) => (404, NOT_SERVED_BODY),
+                    (true, true) => (200, IDLE_NODE),
+                    (true, false) => (200, DELETED_BODY),
+                },
+            )
+            .await;
+        let r = client(&url, Duration::from_secs(5))
+            .drain_node("node0", REASON)
+            .await;
+        assert_eq!(r.unwrap(), Drain::Drained);
+        let paths: Vec<_> = all_seen(&mut seen)
+            .into_iter()
+            .map(|s| format!("{} {}", s.method, s.path))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "GET /slurm/v0.0.42/node/node0",
+                "GET /slurm/v0.0.41/node/node0",
+                "GET /slurm/v0.0.40/node/node0",
+                "POST /slurm/v0.0.40/node/node0",
+            ]
+        );
     }
 
     fn client(url: &str, timeout: Duration) -> Slurmrestd {

@@ -6,18 +6,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 use mockgpu_api::gpunode::{CONTROLLER_MANAGER, condition};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::metrics::{ActionLabels, Metrics};
 use crate::plan::{self, Plan};
 use crate::slim::SlimGpuNode;
-use crate::slurm::{NodeDeleted, SlurmError, SlurmNodes};
+use crate::slurm::{Drain, NodeDeleted, Resume, SlurmError, SlurmNodes};
 
 /// A failed write.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,16 @@ pub enum WriteError {
     /// Deleting a Slurm node record failed (its slurmd pods are left running).
     #[error("deleting Slurm node {node}: {source}")]
     Slurm {
+        /// The Slurm node.
+        node: String,
+        /// The error.
+        source: SlurmError,
+    },
+    /// Draining or resuming a Slurm node failed.
+    #[error("{what} Slurm node {node}: {source}")]
+    SlurmState {
+        /// `draining` or `resuming`.
+        what: &'static str,
         /// The Slurm node.
         node: String,
         /// The error.
@@ -70,14 +81,28 @@ impl<S: SlurmNodes> Writer<S> {
         }
     }
 
-    /// Carries out `p` on GpuNode `g`, recording an Event per action.
-    pub async fn execute(&self, g: &SlimGpuNode, p: &Plan) -> Result<(), WriteError> {
+    /// Carries out `p` on GpuNode `g` (whose Node has UID `node_uid`), recording an Event per
+    /// action.
+    pub async fn execute(
+        &self,
+        g: &SlimGpuNode,
+        node_uid: Option<&str>,
+        p: &Plan,
+    ) -> Result<(), WriteError> {
         let name = g.name_any();
         let gref = g.object_ref(&());
         if let Some(labels) = &p.labels {
             self.apply_labels(&name, labels).await?;
             let (reason, note) = labels_note(labels);
             self.event(&gref, EventType::Normal, reason, note).await;
+        }
+        if let Some(c) = &p.node_condition {
+            self.set_node_condition(&name, c).await?;
+        }
+        if let Some(slurm) = &self.slurm {
+            for node in &p.slurm_resume {
+                self.resume_slurm_node(slurm.as_ref(), &gref, node).await?;
+            }
         }
         if let Some(conditions) = &p.conditions {
             self.apply_conditions(&name, conditions).await?;
@@ -88,6 +113,23 @@ impl<S: SlurmNodes> Writer<S> {
             }
             self.event(&gref, EventType::Warning, n.reason, n.note.clone())
                 .await;
+        }
+        if let Some(e) = &p.fault_event {
+            let type_ = if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            let nref = node_ref(&name, node_uid.map(str::to_string));
+            for regarding in [&gref, &nref] {
+                self.event(regarding, type_, e.reason, e.note.clone()).await;
+            }
+        }
+        if let (Some(drain), Some(slurm)) = (&p.slurm_drain, &self.slurm) {
+            for node in &drain.nodes {
+                self.drain_slurm_node(slurm.as_ref(), &gref, node, &drain.reason)
+                    .await?;
+            }
         }
         let mut slurm_done = p.slurm_nodes.is_empty();
         if !p.slurm_nodes.is_empty() {
@@ -156,6 +198,104 @@ impl<S: SlurmNodes> Writer<S> {
             .collect();
         info!(gpunode = %name, conditions = %brief.join(" "), "conditions applied");
         Ok(())
+    }
+
+    /// Sets condition `c` on Node `name`'s status: a strategic merge patch of that one entry of
+    /// `status.conditions` (merged by `type`), so that the kubelet's conditions, and anyone
+    /// else's, stay as they are.
+    async fn set_node_condition(&self, name: &str, c: &Condition) -> Result<(), WriteError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let patch = node_condition_patch(c, Timestamp::now());
+        let params = PatchParams {
+            field_manager: Some(CONTROLLER_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        nodes
+            .patch_status(name, &params, &Patch::Strategic(&patch))
+            .await
+            .map_err(kube_err(format!(
+                "setting condition {} of node {name}",
+                c.type_
+            )))?;
+        self.metrics.wrote("node_condition");
+        info!(node = %name, condition = %c.type_, status = %c.status, reason = %c.reason,
+            "node condition set");
+        Ok(())
+    }
+
+    async fn drain_slurm_node(
+        &self,
+        slurm: &S,
+        gref: &ObjectReference,
+        node: &str,
+        reason: &str,
+    ) -> Result<(), WriteError> {
+        let action = "drain_slurm_node";
+        match slurm.drain_node(node, reason).await {
+            Ok(Drain::Drained) => {
+                self.count(action, "ok");
+                info!(%node, %reason, "Slurm node drained");
+                let note = format!("Slurm node {node} drained: {reason}");
+                self.event(gref, EventType::Normal, "SlurmNodeDrained", note)
+                    .await;
+                Ok(())
+            }
+            Ok(Drain::Foreign(theirs)) => {
+                debug!(%node, reason = %theirs, "Slurm node carries someone else's reason: not drained");
+                Ok(())
+            }
+            Ok(Drain::AlreadyDrained | Drain::NoSuchNode) => Ok(()),
+            Err(source) => {
+                self.count(action, "error");
+                let note = format!("draining Slurm node {node}: {source}");
+                self.event(gref, EventType::Warning, "SlurmNodeDrainFailed", note)
+                    .await;
+                Err(WriteError::SlurmState {
+                    what: "draining",
+                    node: node.to_string(),
+                    source,
+                })
+            }
+        }
+    }
+
+    async fn resume_slurm_node(
+        &self,
+        slurm: &S,
+        gref: &ObjectReference,
+        node: &str,
+    ) -> Result<(), WriteError> {
+        let action = "resume_slurm_node";
+        match slurm.resume_node(node).await {
+            Ok(Resume::Resumed) => {
+                self.count(action, "ok");
+                info!(%node, "Slurm node resumed");
+                let note = format!("Slurm node {node} resumed: its GPU faults cleared");
+                self.event(gref, EventType::Normal, "SlurmNodeResumed", note)
+                    .await;
+                Ok(())
+            }
+            Ok(Resume::NotOurs(theirs)) => {
+                let note = format!(
+                    "Slurm node {node} is left drained: its reason is not mockgpu's ({theirs})"
+                );
+                self.event(gref, EventType::Normal, "SlurmNodeLeftDrained", note)
+                    .await;
+                Ok(())
+            }
+            Ok(Resume::NotDrained | Resume::NoSuchNode) => Ok(()),
+            Err(source) => {
+                self.count(action, "error");
+                let note = format!("resuming Slurm node {node}: {source}");
+                self.event(gref, EventType::Warning, "SlurmNodeResumeFailed", note)
+                    .await;
+                Err(WriteError::SlurmState {
+                    what: "resuming",
+                    node: node.to_string(),
+                    source,
+                })
+            }
+        }
     }
 
     async fn delete_slurm_node(
@@ -278,17 +418,39 @@ impl<S: SlurmNodes> Writer<S> {
     ) -> Result<(), WriteError> {
         self.apply_labels(name, labels).await?;
         let (reason, note) = labels_note(labels);
-        let nref = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(name.to_string()),
-            uid,
-            ..Default::default()
-        };
+        let nref = node_ref(name, uid);
         let note = format!("{note}: its GpuNode is gone");
         self.event(&nref, EventType::Normal, reason, note).await;
         Ok(())
     }
+}
+
+/// A reference to Node `name` of `uid`.
+fn node_ref(name: &str, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.to_string()),
+        uid,
+        ..Default::default()
+    }
+}
+
+/// The strategic merge patch of Node status that sets condition `c` (one entry of
+/// `status.conditions`, merged by `type`), its heartbeat `now`.
+pub fn node_condition_patch(c: &Condition, now: Timestamp) -> serde_json::Value {
+    json!({
+        "status": {
+            "conditions": [{
+                "type": c.type_,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": c.last_transition_time,
+                "lastHeartbeatTime": Time(now),
+            }],
+        },
+    })
 }
 
 fn labels_note(labels: &BTreeMap<String, String>) -> (&'static str, String) {

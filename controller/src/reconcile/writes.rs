@@ -9,11 +9,12 @@ use super::*;
 use crate::labels::tests::{node_json, node_value};
 use crate::labels::{GPU_COUNT, PROFILE};
 use crate::mock_api::{Sent, api_server, api_server_holding, requests, status};
+use crate::plan::GPU_PROBLEM;
 use crate::slim::tests::slim;
 use crate::write::recorder;
 use crate::write::tests::{
-    APPLY_PATCH, EVENTS, FakeSlurm, NODE_APPLY, ON_GPUNODE, STATUS_APPLY, ev, event, gpunode,
-    labels, node_apply, ok, sent, writer,
+    APPLY_PATCH, EVENTS, FakeSlurm, NODE_APPLY, NODE_STATUS, ON_GPUNODE, STATUS_APPLY, ev, event,
+    gpunode, labels, node_apply, ok, sent, writer,
 };
 
 /// A context over `client` without slurmrestd, with empty caches, already synced.
@@ -27,6 +28,8 @@ fn context(client: Client) -> Context<FakeSlurm> {
             stale_after: Duration::from_secs(90),
             injection_grace: Duration::from_secs(60),
             gpu_resource: "nvidia.com/gpu".into(),
+            drain_slurm: false,
+            node_condition_type: GPU_PROBLEM.into(),
         },
         nodes: reflector::store().0,
         pods: PodsByNode::new(reflector::store().0),
@@ -117,7 +120,7 @@ async fn a_failed_sweep_is_an_error() {
 }
 
 /// A reconcile from the caches: a new GpuNode on a Node without our labels gets them (with an
-/// Event) and its first conditions, and waits for the next change.
+/// Event), GPUProblem=False on the Node, and its first conditions, and waits for the next change.
 #[tokio::test]
 async fn a_reconcile_writes_what_the_plan_of_its_caches_wants() {
     let (client, server) = api_server(ok);
@@ -137,6 +140,7 @@ async fn a_reconcile_writes_what_the_plan_of_its_caches_wants() {
         [
             ("PATCH", NODE_APPLY),
             ("POST", EVENTS),
+            ("PATCH", NODE_STATUS),
             ("PATCH", STATUS_APPLY)
         ]
     );
@@ -147,7 +151,12 @@ async fn a_reconcile_writes_what_the_plan_of_its_caches_wants() {
         event(&sent[1]),
         ev("Normal", "LabelsApplied", note, ON_GPUNODE)
     );
-    let conditions: Vec<_> = sent[2].body["status"]["conditions"]
+    let node_condition = &sent[2].body["status"]["conditions"][0];
+    assert_eq!(
+        (&node_condition["type"], &node_condition["status"]),
+        (&json!(GPU_PROBLEM), &json!("False"))
+    );
+    let conditions: Vec<_> = sent[3].body["status"]["conditions"]
         .as_array()
         .unwrap()
         .iter()
@@ -155,7 +164,12 @@ async fn a_reconcile_writes_what_the_plan_of_its_caches_wants() {
         .collect();
     assert_eq!(
         conditions,
-        ["Stale=Unknown", "Drifted=False", "InjectionMissing=False"]
+        [
+            "Stale=Unknown",
+            "Drifted=False",
+            "InjectionMissing=False",
+            "GPUProblem=False"
+        ]
     );
 }
 
@@ -201,7 +215,8 @@ fn cluster(
 }
 
 /// The controllers end to end on a mocked API server: once their caches are listed, the new
-/// GpuNode's Node is labelled (with an Event) and its conditions applied, and the sweep removes
+/// GpuNode's Node is labelled (with an Event), given its GPU-fault condition and its conditions
+/// applied, and the sweep removes
 /// our labels from the Node whose GpuNode is gone (with an Event on that Node).
 #[tokio::test]
 async fn the_controllers_label_a_new_node_and_sweep_an_orphaned_one() {
@@ -217,9 +232,9 @@ async fn the_controllers_label_a_new_node_and_sweep_an_orphaned_one() {
         Metrics::default(),
         crate::slim::label_selector("app.kubernetes.io/name=slurmd").unwrap(),
     ));
-    // the five writes, or what came of them by the deadline
+    // the six writes, or what came of them by the deadline
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    for _ in 0..5 {
+    for _ in 0..6 {
         if tokio::time::timeout_at(deadline, rx.recv()).await.is_err() {
             break;
         }
@@ -231,6 +246,7 @@ async fn the_controllers_label_a_new_node_and_sweep_an_orphaned_one() {
     let mut want = vec![
         ("PATCH", NODE_APPLY),
         ("POST", EVENTS),
+        ("PATCH", NODE_STATUS),
         ("PATCH", STATUS_APPLY),
         ("PATCH", node_b),
         ("POST", EVENTS),

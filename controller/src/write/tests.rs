@@ -37,6 +37,17 @@ pub(crate) fn gpunode() -> GpuNode {
 pub(crate) fn ok(s: &Sent) -> (u16, Value) {
     match (&*s.method, &*s.uri) {
         ("POST", uri) if uri.contains("/events") => (201, s.body.clone()),
+        ("PATCH", uri) if uri.starts_with("/api/v1/nodes/node-a/status") => (
+            200,
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "node-a", "uid": "nu"},
+                "status": {"conditions": [
+                    {"type": "Ready", "status": "True"},
+                    {"type": "GPUProblem", "status": "True"},
+                ]},
+            }),
+        ),
         ("PATCH", uri) if uri.starts_with("/api/v1/nodes/") => (
             200,
             json!({
@@ -70,10 +81,13 @@ fn failing(
     }
 }
 
-/// Slurm's node records, as a fake: the names asked to delete, and the answer to each.
+/// Slurm's node records, as a fake: the names asked to delete (drains and resumes as
+/// `drain <name> <reason>`, `resume <name>`), and the answer to each.
 pub(crate) struct FakeSlurm {
     answer: fn() -> Result<NodeDeleted, SlurmError>,
-    asked: Mutex<Vec<String>>,
+    drain: fn() -> Result<Drain, SlurmError>,
+    resume: fn() -> Result<Resume, SlurmError>,
+    pub(crate) asked: Mutex<Vec<String>>,
 }
 
 impl SlurmNodes for FakeSlurm {
@@ -81,11 +95,39 @@ impl SlurmNodes for FakeSlurm {
         self.asked.lock().unwrap().push(name.to_string());
         (self.answer)()
     }
+
+    async fn drain_node(&self, name: &str, reason: &str) -> Result<Drain, SlurmError> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push(format!("drain {name} {reason}"));
+        (self.drain)()
+    }
+
+    async fn resume_node(&self, name: &str) -> Result<Resume, SlurmError> {
+        self.asked.lock().unwrap().push(format!("resume {name}"));
+        (self.resume)()
+    }
 }
 
 pub(crate) fn fake_slurm(answer: fn() -> Result<NodeDeleted, SlurmError>) -> Arc<FakeSlurm> {
     Arc::new(FakeSlurm {
         answer,
+        drain: || Ok(Drain::Drained),
+        resume: || Ok(Resume::Resumed),
+        asked: Mutex::default(),
+    })
+}
+
+/// A fake Slurm answering drains with `drain` and resumes with `resume`.
+pub(crate) fn fake_slurm_states(
+    drain: fn() -> Result<Drain, SlurmError>,
+    resume: fn() -> Result<Resume, SlurmError>,
+) -> Arc<FakeSlurm> {
+    Arc::new(FakeSlurm {
+        answer: || Ok(NodeDeleted::Deleted),
+        drain,
+        resume,
         asked: Mutex::default(),
     })
 }
@@ -107,7 +149,7 @@ async fn execute_plan(
     let (client, server) = api_server(answer);
     let w = writer(client, slurm);
     let metrics = w.metrics.clone();
-    let result = w.execute(&slim(&gpunode()), &plan).await;
+    let result = w.execute(&slim(&gpunode()), Some("nu"), &plan).await;
     (result, sent(w, server).await, metrics)
 }
 
@@ -526,4 +568,255 @@ async fn nothing_planned_writes_nothing() {
     let (r, sent, _) = execute_plan(plan, Some(fake_slurm(|| Ok(NodeDeleted::Deleted))), ok).await;
     r.unwrap();
     assert_eq!(requests(&sent), []);
+}
+
+pub(crate) const NODE_STATUS: &str = "/api/v1/nodes/node-a/status?&fieldManager=mockgpu-controller";
+pub(crate) const STRATEGIC: &str = "application/strategic-merge-patch+json";
+const ON_NODE: &str = "Node//node-a/nu";
+const FAULT: &str = "GPU 1 (GPU-1): Xid 79 (GPU has fallen off the bus.)";
+
+fn gpu_problem(status: &str, reason: &str, message: &str) -> Condition {
+    Condition {
+        type_: "GPUProblem".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: Time(Timestamp::from_second(1_800_000_000).unwrap()),
+        observed_generation: None,
+    }
+}
+
+/// The GPU-fault condition is set on the Node's status by a strategic merge patch of that one
+/// entry of `status.conditions` (merge key `type`): nothing else of the status is in it, no
+/// directive replaces the list, so the kubelet's conditions stay; then the Events, on the
+/// GpuNode and on the Node.
+#[tokio::test]
+async fn the_node_condition_is_one_merged_entry_of_the_node_status() {
+    let plan = Plan {
+        node_condition: Some(gpu_problem("True", "XidError", FAULT)),
+        fault_event: Some(plan::FaultEvent {
+            warning: true,
+            reason: "GpuFault",
+            note: FAULT.into(),
+        }),
+        ..Plan::default()
+    };
+    let (r, sent, m) = execute_plan(plan, None, ok).await;
+    r.unwrap();
+    assert_eq!(
+        requests(&sent),
+        [("PATCH", NODE_STATUS), ("POST", EVENTS), ("POST", EVENTS)]
+    );
+    assert_eq!(sent[0].content_type, STRATEGIC);
+    let mut body = sent[0].body.clone();
+    let entry = &mut body["status"]["conditions"][0];
+    assert!(
+        entry["lastHeartbeatTime"].is_string(),
+        "a heartbeat time: {entry}"
+    );
+    entry.as_object_mut().unwrap().remove("lastHeartbeatTime");
+    assert_eq!(
+        body,
+        json!({"status": {"conditions": [{
+            "type": "GPUProblem",
+            "status": "True",
+            "reason": "XidError",
+            "message": FAULT,
+            "lastTransitionTime": "2027-01-15T08:00:00Z",
+        }]}})
+    );
+    assert_eq!(
+        event(&sent[1]),
+        ev("Warning", "GpuFault", FAULT, ON_GPUNODE)
+    );
+    assert_eq!(event(&sent[2]), ev("Warning", "GpuFault", FAULT, ON_NODE));
+    assert_eq!(writes(&m, "node_condition"), 1);
+}
+
+/// The patch keeps the kubelet's conditions under strategic merge's rules for a list with a
+/// merge key: entries of other types are kept, ours is replaced by type. (The merge below is
+/// those rules for this list, as the API server applies them; the patch must hold no
+/// `$patch`/`$retainKeys` directive, which would change them.)
+#[test]
+fn the_patch_merged_into_a_kubelet_status_keeps_its_conditions() {
+    let patch = node_condition_patch(
+        &gpu_problem("False", "NoGpuFault", "no GPU faults"),
+        Timestamp::from_second(1_800_000_100).unwrap(),
+    );
+    let text = patch.to_string();
+    assert!(
+        !text.contains("$patch") && !text.contains("$retainKeys"),
+        "{text}"
+    );
+    let live = json!([
+        {"type": "MemoryPressure", "status": "False"},
+        {"type": "Ready", "status": "True", "reason": "KubeletReady"},
+        {"type": "GPUProblem", "status": "True", "reason": "XidError"},
+    ]);
+    let mut merged = live.as_array().unwrap().clone();
+    for entry in patch["status"]["conditions"].as_array().unwrap() {
+        match merged.iter_mut().find(|c| c["type"] == entry["type"]) {
+            Some(c) => {
+                for (k, v) in entry.as_object().unwrap() {
+                    c[k] = v.clone();
+                }
+            }
+            None => merged.push(entry.clone()),
+        }
+    }
+    let brief: Vec<String> = merged
+        .iter()
+        .map(|c| format!("{}={}", c["type"], c["status"]).replace('"', ""))
+        .collect();
+    assert_eq!(
+        brief,
+        ["MemoryPressure=False", "Ready=True", "GPUProblem=False"]
+    );
+    assert_eq!(patch["status"].as_object().unwrap().len(), 1, "{patch}");
+}
+
+/// A failed Node condition write fails the reconcile before the GpuNode's conditions (which
+/// tell what was set) are applied: it is tried again.
+#[tokio::test]
+async fn a_failed_node_condition_is_tried_again() {
+    let plan = Plan {
+        node_condition: Some(gpu_problem("True", "XidError", FAULT)),
+        conditions: Some(vec![gpu_problem("True", "XidError", FAULT)]),
+        ..Plan::default()
+    };
+    let (r, sent, _) = execute_plan(plan, None, failing("PATCH", 500, "InternalError")).await;
+    assert!(
+        matches!(&r, Err(WriteError::Kube { what, .. }) if what == "setting condition GPUProblem of node node-a"),
+        "{r:?}"
+    );
+    assert_eq!(requests(&sent), [("PATCH", NODE_STATUS)]);
+}
+
+/// A drain: Slurm is asked with our reason, an Event tells it; a node drained already or by
+/// someone else is left alone without an Event; no slurmrestd, no drain and no error.
+#[tokio::test]
+async fn a_drain_asks_slurm_and_tells_it() {
+    let reason = format!("mockgpu: {FAULT}");
+    let plan = Plan {
+        slurm_drain: Some(plan::SlurmDrain {
+            nodes: vec!["node-a".into(), "gpu-a".into()],
+            reason: reason.clone(),
+        }),
+        ..Plan::default()
+    };
+    let slurm = fake_slurm_states(|| Ok(Drain::Drained), || Ok(Resume::Resumed));
+    let (r, sent, m) = execute_plan(plan.clone(), Some(slurm.clone()), ok).await;
+    r.unwrap();
+    assert_eq!(
+        *slurm.asked.lock().unwrap(),
+        [
+            format!("drain node-a {reason}"),
+            format!("drain gpu-a {reason}")
+        ]
+    );
+    // the second drain's Event joins the first's series (the recorder patches it)
+    assert_eq!(sent.len(), 2, "{:?}", requests(&sent));
+    assert_eq!(requests(&sent[..1]), [("POST", EVENTS)]);
+    let note = format!("Slurm node node-a drained: {reason}");
+    assert_eq!(
+        event(&sent[0]),
+        ev("Normal", "SlurmNodeDrained", &note, ON_GPUNODE)
+    );
+    assert_eq!(remediations(&m, "drain_slurm_node", "ok"), 2);
+    for drain in [
+        (|| Ok(Drain::AlreadyDrained)) as fn() -> _,
+        || Ok(Drain::Foreign("admin: bad DIMM".into())),
+        || Ok(Drain::NoSuchNode),
+    ] {
+        let slurm = fake_slurm_states(drain, || Ok(Resume::Resumed));
+        let (r, sent, _) = execute_plan(plan.clone(), Some(slurm.clone()), ok).await;
+        r.unwrap();
+        assert_eq!(slurm.asked.lock().unwrap().len(), 2);
+        assert_eq!(requests(&sent), [], "no Event");
+    }
+    let (r, sent, _) = execute_plan(plan.clone(), None, ok).await;
+    r.unwrap();
+    assert_eq!(requests(&sent), []);
+    // a failure: a Warning, the reconcile fails (and is tried again)
+    let slurm = fake_slurm_states(|| Err(SlurmError::Unauthorized), || Ok(Resume::Resumed));
+    let (r, sent, m) = execute_plan(plan, Some(slurm.clone()), ok).await;
+    assert!(
+        matches!(&r, Err(WriteError::SlurmState { what: "draining", node, .. }) if node == "node-a"),
+        "{r:?}"
+    );
+    assert_eq!(
+        event(&sent[0]),
+        ev(
+            "Warning",
+            "SlurmNodeDrainFailed",
+            "draining Slurm node node-a: slurmrestd rejected the token",
+            ON_GPUNODE
+        )
+    );
+    assert_eq!(remediations(&m, "drain_slurm_node", "error"), 1);
+}
+
+/// A resume goes before the GpuNode's conditions: one that fails leaves them unapplied (the
+/// faults' clearing is seen, and the resume tried, again). A drain of someone else's is left,
+/// with an Event saying so.
+#[tokio::test]
+async fn a_resume_goes_first_and_spares_foreign_drains() {
+    let plan = Plan {
+        node_condition: Some(gpu_problem("False", "NoGpuFault", "no GPU faults")),
+        slurm_resume: vec!["node-a".into()],
+        conditions: Some(vec![gpu_problem("False", "NoGpuFault", "no GPU faults")]),
+        ..Plan::default()
+    };
+    let slurm = fake_slurm_states(|| Ok(Drain::Drained), || Ok(Resume::Resumed));
+    let (r, sent, m) = execute_plan(plan.clone(), Some(slurm.clone()), ok).await;
+    r.unwrap();
+    assert_eq!(*slurm.asked.lock().unwrap(), ["resume node-a"]);
+    assert_eq!(
+        requests(&sent),
+        [
+            ("PATCH", NODE_STATUS),
+            ("POST", EVENTS),
+            ("PATCH", STATUS_APPLY)
+        ]
+    );
+    assert_eq!(
+        event(&sent[1]),
+        ev(
+            "Normal",
+            "SlurmNodeResumed",
+            "Slurm node node-a resumed: its GPU faults cleared",
+            ON_GPUNODE
+        )
+    );
+    assert_eq!(remediations(&m, "resume_slurm_node", "ok"), 1);
+
+    let slurm = fake_slurm_states(
+        || Ok(Drain::Drained),
+        || Ok(Resume::NotOurs("admin: bad DIMM".into())),
+    );
+    let (r, sent, _) = execute_plan(plan.clone(), Some(slurm), ok).await;
+    r.unwrap();
+    let note = "Slurm node node-a is left drained: its reason is not mockgpu's (admin: bad DIMM)";
+    assert_eq!(
+        event(&sent[1]),
+        ev("Normal", "SlurmNodeLeftDrained", note, ON_GPUNODE)
+    );
+
+    let slurm = fake_slurm_states(|| Ok(Drain::Drained), || Err(SlurmError::Timeout));
+    let (r, sent, _) = execute_plan(plan, Some(slurm), ok).await;
+    assert!(
+        matches!(
+            &r,
+            Err(WriteError::SlurmState {
+                what: "resuming",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(
+        requests(&sent),
+        [("PATCH", NODE_STATUS), ("POST", EVENTS)],
+        "the GpuNode's conditions are not applied"
+    );
 }
