@@ -500,7 +500,7 @@ fn fault(args: FaultArgs) -> Result<()> {
                 double_bit: a.ecc_double_bit,
                 link: a.nvlink_down,
             };
-            let (topo, _) = topology(&a.profile)?;
+            let topo = fault_topology(&a.profile)?;
             let name = faults::add(&mut file, a.name.as_deref(), fault.clone(), &topo)?;
             faults::write_file(&path, &file)?;
             println!("{name}\t{}", fault.describe());
@@ -521,6 +521,26 @@ fn fault(args: FaultArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The GPUs a fault is checked against: the profile placed on this host, or, where the host
+/// cannot take it (under `exec`, whose shim shows the mock's own device numbers and PCI
+/// devices), on a bare host; the GPU indices and NVLinks are the profile's either way.
+fn fault_topology(args: &ProfileArgs) -> Result<NodeTopology> {
+    let (profile, _) = profile_source(args).load()?;
+    let node_name = node_name(args)?;
+    match profile::place(&profile, &node_name, &args.sysfs, &args.procfs) {
+        Ok((topo, _)) => Ok(topo),
+        Err(e) => {
+            tracing::debug!(error = %e, "the profile does not fit this host; checking on a bare one");
+            let host = mockgpu_api::HostTopology {
+                cpus: mockgpu_api::CpuSet::from_ids(0..2),
+                nr_cpu_ids: 2,
+                ..Default::default()
+            };
+            Ok(NodeTopology::build(&profile, &node_name, &host)?)
+        }
+    }
 }
 
 /// The variables that give `fault` run by `exec`'s command the profile `exec` serves.

@@ -27,12 +27,16 @@ mod tests {
     use std::path::Path;
 
     /// The chart's copy of the CRD (regenerate: `cargo run -p mockgpu-controller -- crd >
-    /// charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`).
+    /// charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`, or `MOCKGPU_WRITE_CRDS=1 cargo test -p
+    /// mockgpu-controller crd::`, which rewrites both CRDs).
     const CHART_COPY: &str = "../charts/mockgpu/crds/gpunodes.mockgpu.io.yaml";
 
     #[test]
     fn the_charts_crd_is_the_generated_one() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(CHART_COPY);
+        if std::env::var_os("MOCKGPU_WRITE_CRDS").is_some() {
+            std::fs::write(&path, super::yaml().unwrap()).unwrap();
+        }
         let chart =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(
