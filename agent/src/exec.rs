@@ -2,7 +2,9 @@
 //! GPUs. The tree is served over FUSE in a private temporary mount (a private mount namespace
 //! as root, `fusermount3` otherwise, a rendered temporary directory when FUSE is unavailable)
 //! and the command runs with the shim preloaded, the mock NVML first on `LD_LIBRARY_PATH` and
-//! the mock's `nvidia-smi` first on `PATH`.
+//! the mock's `nvidia-smi` first on `PATH`. The command gets `MOCKGPU_FAULTS` naming a fault
+//! file of its own: `mockgpu-agent fault` run from it injects GPU faults into the tree it sees
+//! (over FUSE; a rendered copy does not change).
 
 use std::ffi::OsString;
 use std::io;
@@ -16,6 +18,9 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use nix::mount::MntFlags;
 use nix::sys::signal::{SigHandler, SigSet, Signal, signal};
 
+use mockgpu_api::{HostTopology, NodeTopology};
+
+use crate::faults::{self, Checked};
 use crate::sys::{self, Linux, Sys};
 use crate::{carried, output, tree::Tree};
 
@@ -101,7 +106,11 @@ fn remove_all(dir: &Path) {
 /// entering a private mount namespace and forking the cleanup helper require a single-threaded
 /// process. The command dies with the agent, and the temporary directory goes even when the
 /// agent is killed.
-pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecError> {
+pub fn run(
+    tree: &Tree,
+    command: &[OsString],
+    follow: Option<Follow>,
+) -> Result<(i32, Backing), ExecError> {
     // SIGTERM or SIGHUP from now on stays pending until the command's pid is known, and is then
     // forwarded to it.
     let forwarded: SigSet = FORWARDED.into_iter().collect();
@@ -132,7 +141,33 @@ pub fn run(tree: &Tree, command: &[OsString]) -> Result<(i32, Backing), ExecErro
     carried::install_all(&dirs.lib, &dirs.bin)?;
     let (mounted, backing) = serve(&Linux, tree, &dirs.root)?;
     tracing::debug!(root = %dirs.root.display(), ?backing, "mock root ready");
-    let code = spawn_and_wait(command, &dirs, &forwarded);
+    let faults_file = tmp.0.join(mockgpu_api::layout::FAULTS_FILE);
+    let mut env = vec![(
+        OsString::from(faults::FAULTS_ENV),
+        faults_file.clone().into(),
+    )];
+    let mut follower = None;
+    if let Some(follow) = follow {
+        env.extend(follow.env.iter().cloned());
+        if let Some(m) = &mounted {
+            let handle = m.handle.clone();
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let stopped = stop.clone();
+            let thread = std::thread::Builder::new()
+                .name("faults".into())
+                .spawn(move || follow.run(&faults_file, &handle, &stopped))
+                .map_err(|source| ExecError::Prepare {
+                    path: tmp.0.clone(),
+                    source,
+                })?;
+            follower = Some((stop, thread));
+        }
+    }
+    let code = spawn_and_wait(command, &dirs, &env, &forwarded);
+    if let Some((stop, thread)) = follower {
+        stop.store(true, Ordering::Relaxed);
+        let _ = thread.join();
+    }
     if let Some(m) = mounted
         && let Err(e) = Linux.unmount_fuse(m)
     {
@@ -251,7 +286,67 @@ fn prepend(first: &Path, existing: Option<OsString>) -> OsString {
     value
 }
 
-fn spawn_and_wait(command: &[OsString], dirs: &Dirs, forwarded: &SigSet) -> Result<i32, ExecError> {
+/// What `exec` needs to follow the faults its command writes: the GPUs placed on the host, and
+/// the variables that let `mockgpu-agent fault` in the command check a fault against them.
+pub struct Follow {
+    /// The GPUs.
+    pub topo: NodeTopology,
+    /// The host they are placed on.
+    pub host: HostTopology,
+    /// Passed to the command (the profile's `MOCKGPU_*` settings).
+    pub env: Vec<(OsString, OsString)>,
+}
+
+/// How often `exec` reads its fault file.
+const FAULT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+impl Follow {
+    /// Until `stop`: reads `file` and, when it changed, serves the tree its faults leave
+    /// (entries that are no fault, or do not fit the GPUs, are logged and skipped).
+    fn run(
+        &self,
+        file: &Path,
+        handle: &crate::fuse::TreeHandle,
+        stop: &std::sync::atomic::AtomicBool,
+    ) {
+        let mut last: Vec<u8> = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(FAULT_POLL);
+            let Ok(raw) = faults::read_raw(file) else {
+                continue;
+            };
+            if raw == last {
+                continue;
+            }
+            last = raw;
+            let local = match faults::parse_lenient(&last) {
+                Ok((local, errors)) => {
+                    for error in errors {
+                        tracing::warn!(%error, "local fault skipped");
+                    }
+                    local
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the fault file is invalid");
+                    continue;
+                }
+            };
+            let checked = Checked::of(&self.topo, &local);
+            for (source, error) in &checked.refused {
+                tracing::warn!(%source, %error, "GPU fault skipped: it does not fit the GPUs");
+            }
+            let tree = crate::render::driver_tree_with(&self.topo, &self.host, &checked.faults());
+            handle.replace(&tree);
+        }
+    }
+}
+
+fn spawn_and_wait(
+    command: &[OsString],
+    dirs: &Dirs,
+    env: &[(OsString, OsString)],
+    forwarded: &SigSet,
+) -> Result<i32, ExecError> {
     let (program, args) = command.split_first().ok_or_else(|| ExecError::Spawn {
         command: OsString::new(),
         source: io::Error::new(io::ErrorKind::InvalidInput, "no command given"),
@@ -279,7 +374,8 @@ fn spawn_and_wait(command: &[OsString], dirs: &Dirs, forwarded: &SigSet) -> Resu
             ),
         )
         .env("MOCKFS_ROOT", &dirs.root)
-        .env("MOCKFS_DEV", "1");
+        .env("MOCKFS_DEV", "1")
+        .envs(env.iter().map(|(k, v)| (k, v)));
     let agent = std::process::id();
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {

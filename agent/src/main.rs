@@ -32,6 +32,19 @@ enum Command {
     /// Check this node (mode, FUSE tree, shim, mount propagation, NRI, device plugin, GpuNode,
     /// Slurm) and say what is wrong and how to fix it; exit status 1 when a check fails.
     Doctor(DoctorArgs),
+    /// Inject GPU faults into this node's mock GPUs, clear them, list them.
+    ///
+    /// Faults live in the node's fault file, <dir>/faults.json (JSON; written whole, through a
+    /// temporary file and a rename). A running `serve` applies a change within its
+    /// --reload-interval: an Xid line in the mock root's log/nvidia-xid; Xid 79 removes the GPU
+    /// from /proc/driver/nvidia/gpus and PCI; the mock NVML shows the errors; the device plugin
+    /// advertises a GPU the faults leave unhealthy as Unhealthy; the GpuNode lists the faults.
+    /// `exec` gives its command MOCKGPU_FAULTS, the fault file of that exec, which `fault`
+    /// edits instead (with the profile `exec` was given). A fault is checked against the node's
+    /// GPUs (the profile options, as for `serve`) and refused, changing nothing, when it names
+    /// a GPU or an NVLink the node lacks or an unknown Xid. The cluster-wide way is a GpuFault
+    /// object (see docs/faults.md).
+    Fault(FaultArgs),
     /// Hold the driver tree's FUSE connection while agents restart (root only).
     ///
     /// The keeper mounts /dev/fuse at <dir>/fs; agents connect on <dir>-keeper/keeper.sock
@@ -49,6 +62,74 @@ enum Command {
     /// closes (started by `serve`, which writes the entries on standard input).
     #[command(hide = true)]
     PinTree(PinTreeArgs),
+}
+
+#[derive(Args)]
+struct FaultArgs {
+    #[command(subcommand)]
+    action: FaultAction,
+    /// The agent's directory (serve --dir): the fault file is faults.json in it.
+    #[arg(long, env = "MOCKGPU_DIR", default_value = mockgpu_api::layout::DEFAULT_DIR, global = true)]
+    dir: PathBuf,
+    /// The fault file itself, instead of <dir>/faults.json (`exec` sets MOCKGPU_FAULTS for its
+    /// command).
+    #[arg(long, env = mockgpu_agent::faults::FAULTS_ENV, global = true)]
+    file: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum FaultAction {
+    /// Add a fault to one GPU (exactly one of --xid, --ecc-single-bit/--ecc-double-bit,
+    /// --thermal, --nvlink-down, --excluded).
+    Add(FaultAddArgs),
+    /// Clear faults: the one named, every fault of a GPU (--gpu) or all of them (--all).
+    Clear(FaultClearArgs),
+    /// List the node's local faults (name, then what each does).
+    List,
+}
+
+#[derive(Args)]
+struct FaultAddArgs {
+    /// The GPU's index, as nvidia-smi numbers it.
+    #[arg(long)]
+    gpu: u32,
+    /// An Xid error (e.g. 79: the GPU has fallen off the bus; 48: a double-bit ECC error; 13:
+    /// an application error, which leaves the GPU healthy).
+    #[arg(long)]
+    xid: Option<u32>,
+    /// ECC errors: this many corrected (single-bit) ones.
+    #[arg(long)]
+    ecc_single_bit: Option<u64>,
+    /// ECC errors: this many uncorrected (double-bit) ones (the GPU turns unhealthy).
+    #[arg(long)]
+    ecc_double_bit: Option<u64>,
+    /// Thermal slowdown (the GPU stays healthy).
+    #[arg(long)]
+    thermal: bool,
+    /// This NVLink down (the GPU stays healthy).
+    #[arg(long, value_name = "LINK")]
+    nvlink_down: Option<u32>,
+    /// The GPU excluded by the driver (unhealthy).
+    #[arg(long)]
+    excluded: bool,
+    /// The fault's name, to clear it by [default: gpu<N>-<kind>, e.g. gpu1-xid79].
+    #[arg(long)]
+    name: Option<String>,
+    #[command(flatten)]
+    profile: ProfileArgs,
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct FaultClearArgs {
+    /// The fault's name.
+    name: Option<String>,
+    /// Every fault of this GPU.
+    #[arg(long)]
+    gpu: Option<u32>,
+    /// Every fault.
+    #[arg(long)]
+    all: bool,
 }
 
 #[derive(Args)]
@@ -314,9 +395,18 @@ fn run(command: Command) -> Result<()> {
         }
         Command::Serve(args) => serve(args)?,
         Command::Exec(args) => {
-            let (topo, tree) = topology(&args.profile)?;
+            let (profile, _) = profile_source(&args.profile).load()?;
+            let node_name = node_name(&args.profile)?;
+            let (sysfs, procfs) = (&args.profile.sysfs, &args.profile.procfs);
+            let (topo, host) = profile::place(&profile, &node_name, sysfs, procfs)?;
+            let tree = mockgpu_agent::render::driver_tree(&topo, &host);
             tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), "running with mock GPUs");
-            let (code, backing) = mockgpu_agent::exec::run(&tree, &args.command)?;
+            let follow = mockgpu_agent::exec::Follow {
+                env: profile_env(&args.profile, &node_name),
+                topo,
+                host,
+            };
+            let (code, backing) = mockgpu_agent::exec::run(&tree, &args.command, Some(follow))?;
             tracing::debug!(code, ?backing, "command finished");
             std::process::exit(code);
         }
@@ -325,6 +415,7 @@ fn run(command: Command) -> Result<()> {
                 std::process::exit(1);
             }
         }
+        Command::Fault(args) => fault(args)?,
         Command::Keeper(args) => keeper(args)?,
         Command::PinTree(args) => {
             // `ps` shows the executable's name otherwise: `exe`, for `/proc/self/exe pin-tree`.
@@ -367,6 +458,105 @@ fn doctor(args: DoctorArgs) -> Result<bool> {
         }
     }
     Ok(!doctor::failed(&checks))
+}
+
+/// `fault add|clear|list`: edits the fault file (or lists it).
+fn fault(args: FaultArgs) -> Result<()> {
+    use mockgpu_agent::faults::{self, Clear};
+    use mockgpu_api::{Fault, FaultKind};
+    let path = match args.file {
+        Some(f) => f,
+        None => mockgpu_api::Layout::new(&args.dir, &args.dir)?.faults_file(),
+    };
+    let mut file = faults::read_file(&path)?;
+    match args.action {
+        FaultAction::List => {
+            let mut out = std::io::stdout().lock();
+            for f in &file.faults {
+                writeln!(out, "{}\t{}", f.name, f.fault.describe())?;
+            }
+            return Ok(());
+        }
+        FaultAction::Add(a) => {
+            let ecc = a.ecc_single_bit.is_some() || a.ecc_double_bit.is_some();
+            let kinds = [
+                (a.xid.is_some(), FaultKind::Xid),
+                (ecc, FaultKind::Ecc),
+                (a.thermal, FaultKind::Thermal),
+                (a.nvlink_down.is_some(), FaultKind::NvLinkDown),
+                (a.excluded, FaultKind::Excluded),
+            ];
+            let chosen: Vec<FaultKind> = kinds.iter().filter(|k| k.0).map(|k| k.1).collect();
+            let &[kind] = &chosen[..] else {
+                anyhow::bail!(
+                    "give exactly one of --xid, --ecc-single-bit/--ecc-double-bit, --thermal, --nvlink-down, --excluded"
+                );
+            };
+            let fault = Fault {
+                gpu: a.gpu,
+                kind,
+                xid: a.xid,
+                single_bit: a.ecc_single_bit,
+                double_bit: a.ecc_double_bit,
+                link: a.nvlink_down,
+            };
+            let topo = fault_topology(&a.profile)?;
+            let name = faults::add(&mut file, a.name.as_deref(), fault.clone(), &topo)?;
+            faults::write_file(&path, &file)?;
+            println!("{name}\t{}", fault.describe());
+        }
+        FaultAction::Clear(c) => {
+            let which = match (c.name, c.gpu) {
+                (Some(n), _) => Clear::Name(n),
+                (None, Some(g)) => Clear::Gpu(g),
+                (None, None) => Clear::All,
+            };
+            let removed = faults::clear(&mut file, &which)?;
+            if !removed.is_empty() {
+                faults::write_file(&path, &file)?;
+            }
+            for f in removed {
+                println!("cleared {}\t{}", f.name, f.fault.describe());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The GPUs a fault is checked against: the profile placed on this host, or, where the host
+/// cannot take it (under `exec`, whose shim shows the mock's own device numbers and PCI
+/// devices), on a bare host; the GPU indices and NVLinks are the profile's either way.
+fn fault_topology(args: &ProfileArgs) -> Result<NodeTopology> {
+    let (profile, _) = profile_source(args).load()?;
+    let node_name = node_name(args)?;
+    match profile::place(&profile, &node_name, &args.sysfs, &args.procfs) {
+        Ok((topo, _)) => Ok(topo),
+        Err(e) => {
+            tracing::debug!(error = %e, "the profile does not fit this host; checking on a bare one");
+            let host = mockgpu_api::HostTopology {
+                cpus: mockgpu_api::CpuSet::from_ids(0..2),
+                nr_cpu_ids: 2,
+                ..Default::default()
+            };
+            Ok(NodeTopology::build(&profile, &node_name, &host)?)
+        }
+    }
+}
+
+/// The variables that give `fault` run by `exec`'s command the profile `exec` serves.
+fn profile_env(
+    args: &ProfileArgs,
+    node_name: &str,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let mut env = vec![("MOCKGPU_NODE_NAME".into(), node_name.into())];
+    match &args.profile_file {
+        Some(f) => {
+            let f = std::path::absolute(f).unwrap_or_else(|_| f.clone());
+            env.push(("MOCKGPU_PROFILE_FILE".into(), f.into_os_string()));
+        }
+        None => env.push(("MOCKGPU_PROFILE".into(), args.profile.clone().into())),
+    }
+    env
 }
 
 fn keeper(args: KeeperArgs) -> Result<()> {

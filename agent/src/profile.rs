@@ -6,7 +6,9 @@ use std::io::{self, Read as _};
 use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
-use mockgpu_api::{DevicesError, NodeTopology, ProcDevices, Profile, ProfileError, TopologyError};
+use mockgpu_api::{
+    DevicesError, HostTopology, NodeTopology, ProcDevices, Profile, ProfileError, TopologyError,
+};
 
 use crate::host::{HostError, SysfsHost};
 use crate::render;
@@ -165,9 +167,22 @@ pub fn build(
     sysfs: &Path,
     procfs: &Path,
 ) -> Result<(NodeTopology, Tree), LoadError> {
+    let (topo, host) = place(profile, node_name, sysfs, procfs)?;
+    let tree = render::driver_tree(&topo, &host);
+    Ok((topo, tree))
+}
+
+/// Probes the host below `sysfs` and `procfs` and places `profile`'s GPUs onto it for
+/// `node_name`: what [`render::driver_tree_with`] renders (with faults), and what a fault is
+/// checked against.
+pub fn place(
+    profile: &Profile,
+    node_name: &str,
+    sysfs: &Path,
+    procfs: &Path,
+) -> Result<(NodeTopology, HostTopology), LoadError> {
     let mut host = SysfsHost::new(sysfs).probe()?;
     host.devices = host_devices(procfs)?;
     let topo = NodeTopology::build(profile, node_name, &host)?;
-    let tree = render::driver_tree(&topo, &host);
-    Ok((topo, tree))
+    Ok((topo, host))
 }

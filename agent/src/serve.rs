@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, mpsc};
 use std::time::{Duration, Instant};
 
-use mockgpu_api::{DriverGpu, Layout, NodeTopology};
+use mockgpu_api::{DriverGpu, HostTopology, Layout, NodeTopology};
 use mockgpu_health::{HealthServer, Probe, Registry};
 use mockgpu_nri::{GpuInventory, Inventory, NotReady, PinningEvent, Plugin};
 use prometheus_client::collector::Collector;
@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
+use crate::faults::{self, Checked, ClusterFaults, FaultReport, Sourced, Verdicts};
 use crate::fuse::{Mounted, TreeHandle};
 use crate::node::{self, SetupError};
 use crate::profile::{self, LoadError, ProfileSource};
@@ -111,6 +112,14 @@ pub(crate) struct AgentState {
     handle: RwLock<Option<TreeHandle>>,
     /// Every topology put in place, for the device plugin.
     published: tokio::sync::watch::Sender<Option<NodeTopology>>,
+    /// The faults applied, for the device plugin and the reporter.
+    faults: watch::Sender<FaultReport>,
+    /// Fault entries refused (invalid, or naming what the node lacks), counted at each change.
+    fault_errors: AtomicU64,
+    /// The GpuFault objects, as the watcher keeps them (empty without one).
+    cluster: watch::Sender<ClusterFaults>,
+    /// What the agent made of this node's GpuFault objects, for their status.
+    verdicts: watch::Sender<Verdicts>,
 }
 
 impl AgentState {
@@ -181,6 +190,16 @@ impl Collector for AgentMetrics {
                 "Time from start to mounted",
                 relaxed(&state.mount_ms),
             ),
+            (
+                "mockgpu_faults",
+                "GPU faults applied (local and GpuFault objects)",
+                state.faults.borrow().faults.len() as u64,
+            ),
+            (
+                "mockgpu_unhealthy_gpus",
+                "GPUs the faults leave unhealthy",
+                u64::from(state.faults.borrow().unhealthy_gpus()),
+            ),
         ];
         for (name, help, value) in gauges {
             let gauge = ConstGauge::new(value);
@@ -204,6 +223,11 @@ impl Collector for AgentMetrics {
                 relaxed(&state.reload_errors),
             ),
             (
+                "mockgpu_fault_errors",
+                "GPU fault entries refused (invalid, or naming what the node lacks)",
+                relaxed(&state.fault_errors),
+            ),
+            (
                 "mockgpu_fuse_reads",
                 "Reads that reached the agent (kernel cache misses)",
                 reads,
@@ -224,9 +248,16 @@ impl Collector for AgentMetrics {
 
 /// Everything from loading the profile to a mounted, warmed tree: blocking work, run off the
 /// async runtime.
-fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeError> {
+fn prepare(
+    cfg: &ServeConfig,
+    state: &AgentState,
+) -> Result<(NodeTopology, Follower, Mounted), ServeError> {
     let (profile, raw) = cfg.profile.load()?;
-    let (topo, tree) = profile::build(&profile, &cfg.node_name, &cfg.sysfs, &cfg.procfs)?;
+    let placed = profile::place(&profile, &cfg.node_name, &cfg.sysfs, &cfg.procfs)?;
+    let mut follower = Follower::new(cfg, raw, placed);
+    follower.read_local();
+    let tree = follower.render(state);
+    let topo = follower.placed.0.clone();
     let relay = node::set_up(&cfg.layout, cfg.keeper)?;
     let mountpoint = cfg.layout.mount_point();
     let mounted = match relay {
@@ -245,7 +276,7 @@ fn prepare(cfg: &ServeConfig) -> Result<(NodeTopology, Vec<u8>, Mounted), ServeE
         profile = %profile.name, node = %topo.node_name, gpus = topo.gpus.len(),
         mountpoint = %mountpoint.display(), warmed, "driver tree mounted and cached"
     );
-    Ok((topo, raw, mounted))
+    Ok((topo, follower, mounted))
 }
 
 /// On a keeper's connection, an earlier agent may have served another tree, which the kernel
@@ -281,8 +312,8 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> Result
         return agent.run_real_mode(gpus, shutdown).await;
     }
     let reporter = agent.start_tasks(observed.nri, observed.device_plugin_metrics);
-    let (mounted, raw) = agent.mount_and_publish().await?;
-    let reloader = agent.start_reload(&mounted, raw)?;
+    let (mounted, follower) = agent.mount_and_publish().await?;
+    let reloader = agent.start_reload(&mounted, follower)?;
     let end = agent.wait_for_end(shutdown, &mounted).await;
     agent.shut_down(end, reporter, reloader, mounted).await
 }
@@ -303,6 +334,7 @@ struct Agent {
 /// How a task of [`Agent::tasks`] ended.
 enum Ended {
     Health,
+    GpuFaults,
     Nri(Result<(), mockgpu_nri::Error>),
     DevicePlugin(Result<(), device_plugin::DevicePluginError>),
 }
@@ -396,7 +428,8 @@ impl Agent {
             .store(gpus.len() as u64, Ordering::Relaxed);
         let reporter = self.cfg.report.clone().map(|r| {
             let served = watch::channel(Some(report::RealGpus(gpus.clone()))).1;
-            report::start(r, served, None, None, self.stop.clone().cancelled_owned())
+            let stop = self.stop.clone().cancelled_owned();
+            report::start(r, served, (None, None), None, stop)
         });
         for g in &gpus {
             tracing::info!(bus_id = %g.gpu.bus_id, model = %g.information.model, uuid = %g.gpu.uuid, minor = g.gpu.minor, cpus = %g.gpu.cpus.to_list(), "real GPU");
@@ -442,8 +475,18 @@ impl Agent {
             let served = self.state.published.subscribe();
             let standing = self.cfg.device_plugin.is_some().then_some(standing_rx);
             let stop = self.stop.clone().cancelled_owned();
-            report::start(r, served, Some(report_rx), standing, stop)
+            let faults = Some(self.state.faults.subscribe());
+            report::start(r, served, (Some(report_rx), faults), standing, stop)
         });
+        // With an API server, the GpuFaults naming this node are applied with the local faults.
+        if let Some(r) = self.cfg.report.clone() {
+            let (cluster, verdicts) = (self.state.cluster.clone(), self.state.verdicts.subscribe());
+            let stop = self.stop.clone().cancelled_owned();
+            self.tasks.spawn(async move {
+                crate::gpufaults::run(r.credentials, r.node_name, cluster, verdicts, stop).await;
+                Ended::GpuFaults
+            });
+        }
         // The plugin connects at once: until the tree is mounted it refuses GPU containers with
         // a message (or lets them through without the mock, with fail_open).
         if let Some(plugin) = plugin {
@@ -454,13 +497,15 @@ impl Agent {
         // The device plugin waits for the first topology, then registers with the kubelet.
         if let Some(config) = self.cfg.device_plugin.clone() {
             let topology = self.state.published.subscribe();
+            let faults = self.state.faults.subscribe();
             let stop = self.stop.clone().cancelled_owned();
             // cancels `device_plugin_ended` when the task ends, by a panic too
             let ended = self.device_plugin_ended.clone().drop_guard();
             self.tasks.spawn(async move {
                 let _ended = ended;
                 let (sys, metrics) = (crate::sys::Linux, device_plugin_metrics);
-                let run = device_plugin::run(config, sys, topology, metrics, standing_tx, stop);
+                let run =
+                    device_plugin::run(config, sys, topology, faults, metrics, standing_tx, stop);
                 Ended::DevicePlugin(run.await)
             });
         }
@@ -468,11 +513,11 @@ impl Agent {
     }
 
     /// Loads, builds and mounts the tree (off the runtime), then publishes its topology to the
-    /// NRI plugin, the device plugin, the reporter and the health endpoint. Also returns the
-    /// profile's raw bytes.
-    async fn mount_and_publish(&self) -> Result<(Mounted, Vec<u8>), ServeError> {
-        let cfg = self.cfg.clone();
-        let (topo, raw, mounted) = tokio::task::spawn_blocking(move || prepare(&cfg))
+    /// NRI plugin, the device plugin, the reporter and the health endpoint. Also returns what
+    /// the reload loop follows from.
+    async fn mount_and_publish(&self) -> Result<(Mounted, Follower), ServeError> {
+        let (cfg, state) = (self.cfg.clone(), self.state.clone());
+        let (topo, follower, mounted) = tokio::task::spawn_blocking(move || prepare(&cfg, &state))
             .await
             .expect("the preparation thread does not panic")?;
         let state = &self.state;
@@ -483,18 +528,18 @@ impl Agent {
         *state.topology.write().unwrap_or_else(|e| e.into_inner()) = Some(topo);
         state.mounted.store(true, Ordering::Release);
         tracing::info!(mount_ms, "ready");
-        Ok((mounted, raw))
+        Ok((mounted, follower))
     }
 
-    /// Starts the thread of [`reload_loop`], from the profile's `raw` bytes served.
-    fn start_reload(&self, mounted: &Mounted, raw: Vec<u8>) -> Result<Reloader, ServeError> {
+    /// Starts the thread of [`reload_loop`], from what `follower` served first.
+    fn start_reload(&self, mounted: &Mounted, follower: Follower) -> Result<Reloader, ServeError> {
         let (stop, stopped) = mpsc::channel::<()>();
         let (state, cfg, handle) = (self.state.clone(), self.cfg.clone(), mounted.handle.clone());
         let record = mounted.through_keeper().then(|| cfg.layout.served_paths());
         let thread = std::thread::Builder::new()
             .name("reload".into())
             .spawn(move || {
-                reload_loop(&state, &cfg, &handle, record.as_deref(), raw, &stopped);
+                reload_loop(&state, &cfg, &handle, record.as_deref(), follower, &stopped);
             })
             .map_err(|source| ServeError::Thread {
                 name: "reload",
@@ -602,57 +647,211 @@ fn record_served(tree: &Tree, record: &Path) {
 
 /// Every `reload_interval` until `stop` is dropped: rebuilds the tree when the profile file or
 /// the host's `/proc/devices` changed (a module loaded since may have taken a major the mock
-/// chose) and swaps it in place. A rejected profile keeps the previous tree. `record` as
-/// [`record_served`] (relayed connections only).
+/// chose), or the faults did (the local fault file, the GpuFault objects, one of them expiring),
+/// and swaps it in place. A rejected profile keeps the previous one; a fault that does not fit
+/// the node is logged and skipped. `record` as [`record_served`] (relayed connections only).
 fn reload_loop(
     state: &AgentState,
     cfg: &ServeConfig,
     handle: &TreeHandle,
     record: Option<&Path>,
-    mut raw: Vec<u8>,
+    mut follower: Follower,
     stop: &mpsc::Receiver<()>,
 ) {
-    let devices_path = cfg.procfs.join("devices");
-    let mut devices = fs::read(&devices_path).unwrap_or_default();
     while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(cfg.reload_interval) {
-        let profile_now = match cfg.profile.read() {
+        let Some(profile_changed) = follower.poll_profile(state) else {
+            continue;
+        };
+        follower.read_local();
+        if !profile_changed && !follower.faults_changed(state) {
+            continue;
+        }
+        let tree = follower.render(state);
+        let changed = handle.replace(&tree);
+        if let Some(record) = record {
+            record_served(&tree, record);
+        }
+        handle.warm(&tree, Path::new(crate::SELF_EXE));
+        let topo = follower.placed.0.clone();
+        let mut current = state.topology.write().unwrap_or_else(|e| e.into_inner());
+        if current.as_ref() != Some(&topo) {
+            if current.as_ref().is_some_and(|t| t.devices != topo.devices) {
+                tracing::warn!(devices = ?topo.devices, "the host's /proc/devices changed: device majors chosen anew");
+            }
+            tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), changed, "tree updated");
+            state.published.send_replace(Some(topo.clone()));
+            *current = Some(topo);
+        } else {
+            tracing::info!(changed, "tree updated for the faults");
+        }
+    }
+}
+
+/// What the reload loop follows: the profile and the host's device numbers, the local fault
+/// file and the GpuFault objects, with what it served last.
+pub(crate) struct Follower {
+    profile: ProfileSource,
+    node_name: String,
+    sysfs: PathBuf,
+    procfs: PathBuf,
+    faults_file: PathBuf,
+    /// The profile's bytes and `/proc/devices` last seen.
+    raw: Vec<u8>,
+    devices: Vec<u8>,
+    /// The GPUs placed on the host by the last profile accepted.
+    placed: (NodeTopology, HostTopology),
+    /// The fault file's bytes last read (`None` before the first read), and its faults.
+    local_raw: Option<Vec<u8>>,
+    local: Vec<Sourced>,
+    /// The last error reading the fault file (logged once).
+    local_error: Option<String>,
+    /// The faults last applied or refused, and the GpuFault objects expired then.
+    candidates: Vec<Sourced>,
+    expired: std::collections::BTreeMap<String, String>,
+}
+
+impl Follower {
+    fn new(cfg: &ServeConfig, raw: Vec<u8>, placed: (NodeTopology, HostTopology)) -> Follower {
+        Follower {
+            profile: cfg.profile.clone(),
+            node_name: cfg.node_name.clone(),
+            sysfs: cfg.sysfs.clone(),
+            procfs: cfg.procfs.clone(),
+            faults_file: cfg.layout.faults_file(),
+            devices: fs::read(cfg.procfs.join("devices")).unwrap_or_default(),
+            raw,
+            placed,
+            local_raw: None,
+            local: Vec::new(),
+            local_error: None,
+            candidates: Vec::new(),
+            expired: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// Reads the profile and `/proc/devices`; on a change, places the GPUs anew. Whether the
+    /// placement changed; `None` when the profile cannot be read.
+    fn poll_profile(&mut self, state: &AgentState) -> Option<bool> {
+        let profile_now = match self.profile.read() {
             Ok(now) => now,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read profile file");
-                continue;
+                return None;
             }
         };
-        let devices_now = fs::read(&devices_path).unwrap_or_default();
-        if profile_now == raw && devices_now == devices {
-            continue;
+        let devices_now = fs::read(self.procfs.join("devices")).unwrap_or_default();
+        if profile_now == self.raw && devices_now == self.devices {
+            return Some(false);
         }
-        let built = cfg
+        let placed = self
             .profile
             .parse(&profile_now)
-            .and_then(|p| profile::build(&p, &cfg.node_name, &cfg.sysfs, &cfg.procfs));
-        raw = profile_now;
-        devices = devices_now;
-        match built {
-            Ok((topo, tree)) => {
-                let changed = handle.replace(&tree);
-                if let Some(record) = record {
-                    record_served(&tree, record);
-                }
-                handle.warm(&tree, Path::new(crate::SELF_EXE));
+            .and_then(|p| profile::place(&p, &self.node_name, &self.sysfs, &self.procfs));
+        self.raw = profile_now;
+        self.devices = devices_now;
+        match placed {
+            Ok(placed) => {
+                self.placed = placed;
                 state.reloads.fetch_add(1, Ordering::Relaxed);
-                let mut current = state.topology.write().unwrap_or_else(|e| e.into_inner());
-                if current.as_ref().is_some_and(|t| t.devices != topo.devices) {
-                    tracing::warn!(devices = ?topo.devices, "the host's /proc/devices changed: device majors chosen anew");
-                }
-                tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), changed, "tree updated");
-                state.published.send_replace(Some(topo.clone()));
-                *current = Some(topo);
+                Some(true)
             }
             Err(e) => {
                 state.reload_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, "profile change rejected; still serving the previous tree");
+                Some(false)
             }
         }
+    }
+
+    /// Reads the local fault file; when its bytes changed, takes its faults (an entry that is
+    /// not a fault is logged and skipped; a file that is no fault file at all is logged, and
+    /// the faults read before stay).
+    fn read_local(&mut self) {
+        let raw = match faults::read_raw(&self.faults_file) {
+            Ok(raw) => raw,
+            Err(e) => {
+                let e = e.to_string();
+                if self.local_error.as_ref() != Some(&e) {
+                    tracing::warn!(error = %e, "cannot read the local faults; keeping those read before");
+                    self.local_error = Some(e);
+                }
+                return;
+            }
+        };
+        self.local_error = None;
+        if self.local_raw.as_ref() == Some(&raw) {
+            return;
+        }
+        match faults::parse_lenient(&raw) {
+            Ok((local, errors)) => {
+                for error in errors {
+                    tracing::warn!(file = %self.faults_file.display(), %error, "local fault skipped");
+                }
+                self.local = local;
+            }
+            Err(e) => {
+                tracing::warn!(file = %self.faults_file.display(), error = %e, "the fault file is invalid; keeping the faults read before");
+            }
+        }
+        self.local_raw = Some(raw);
+    }
+
+    /// The local faults, then those of the GpuFault objects naming this node that have not
+    /// expired, and the objects that have.
+    fn gather(
+        &self,
+        state: &AgentState,
+    ) -> (Vec<Sourced>, std::collections::BTreeMap<String, String>) {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let (cluster, expired) =
+            faults::cluster_candidates(&state.cluster.borrow(), &self.node_name, now);
+        let mut candidates = self.local.clone();
+        candidates.extend(cluster);
+        (candidates, expired)
+    }
+
+    /// Whether the faults differ from those last rendered.
+    fn faults_changed(&self, state: &AgentState) -> bool {
+        let (candidates, expired) = self.gather(state);
+        candidates != self.candidates || expired != self.expired
+    }
+
+    /// Checks the faults against the GPUs placed, publishes them (and the GpuFault objects'
+    /// verdicts) and renders the tree they leave.
+    fn render(&mut self, state: &AgentState) -> crate::tree::Tree {
+        let (candidates, expired) = self.gather(state);
+        let (topo, host) = &self.placed;
+        let checked = Checked::of(topo, &candidates);
+        for (source, error) in &checked.refused {
+            tracing::warn!(%source, %error, "GPU fault skipped: it does not fit this node");
+        }
+        state
+            .fault_errors
+            .fetch_add(checked.refused.len() as u64, Ordering::Relaxed);
+        let applied = checked.faults();
+        if !candidates.is_empty() || !self.candidates.is_empty() {
+            tracing::info!(
+                faults = applied.len(),
+                refused = checked.refused.len(),
+                "GPU faults applied"
+            );
+        }
+        let tree = crate::render::driver_tree_with(topo, host, &applied);
+        state.faults.send_if_modified(|current| {
+            let report = checked.report(topo);
+            let changed = *current != report;
+            *current = report;
+            changed
+        });
+        let verdicts = faults::verdicts(&state.cluster.borrow(), &checked, &expired);
+        state.verdicts.send_if_modified(|current| {
+            let changed = *current != verdicts;
+            *current = verdicts;
+            changed
+        });
+        self.candidates = candidates;
+        self.expired = expired;
+        tree
     }
 }
 

@@ -20,8 +20,9 @@ use mockgpu_agent::device_plugin::proto::{
 use mockgpu_agent::device_plugin::{
     self, CHECKPOINT, Config, DevicePluginError, Metrics, Standing,
 };
+use mockgpu_agent::faults::{Checked, FaultReport, Sourced};
 use mockgpu_agent::sys::Linux;
-use mockgpu_api::{Layout, NodeTopology, Profile};
+use mockgpu_api::{Fault, FaultKind, Layout, NodeTopology, Profile};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -129,9 +130,11 @@ impl Node {
     }
 }
 
-/// A running plugin: publish topologies through `topology`; dropping it shuts it down.
+/// A running plugin: publish topologies through `topology`, faults through `faults`; dropping
+/// it shuts it down.
 struct Plugin {
     topology: watch::Sender<Option<NodeTopology>>,
+    faults: watch::Sender<FaultReport>,
     task: JoinHandle<Result<(), DevicePluginError>>,
     _stop: oneshot::Sender<()>,
     metrics: Metrics,
@@ -140,6 +143,7 @@ struct Plugin {
 
 fn start(config: Config, topo: NodeTopology) -> Plugin {
     let (topology, rx) = watch::channel(Some(topo));
+    let (faults, faults_rx) = watch::channel(FaultReport::default());
     let (stop, stopped) = oneshot::channel::<()>();
     let metrics = Metrics::default();
     let (standing_tx, standing) = watch::channel(Standing::default());
@@ -147,6 +151,7 @@ fn start(config: Config, topo: NodeTopology) -> Plugin {
         config,
         Linux,
         rx,
+        faults_rx,
         metrics.clone(),
         standing_tx,
         async {
@@ -155,6 +160,7 @@ fn start(config: Config, topo: NodeTopology) -> Plugin {
     ));
     Plugin {
         topology,
+        faults,
         task,
         _stop: stop,
         metrics,
@@ -390,6 +396,55 @@ async fn registers_lists_and_allocates() {
     drop(plugin._stop);
     ended(plugin.task).await.unwrap();
     assert!(!socket.exists(), "the plugin removes its socket");
+}
+
+/// Xid `code` on GPU `gpu`, applied on `topo` as the agent applies a local fault.
+fn xid_on(topo: &NodeTopology, gpu: u32, code: u32) -> FaultReport {
+    let fault = Fault {
+        gpu,
+        kind: FaultKind::Xid,
+        xid: Some(code),
+        single_bit: None,
+        double_bit: None,
+        link: None,
+    };
+    let sourced = Sourced {
+        source: "local/t".into(),
+        fault,
+    };
+    Checked::of(topo, &[sourced]).report(topo)
+}
+
+#[tokio::test]
+async fn a_gpu_lost_to_a_fault_is_unhealthy_until_the_fault_is_cleared() {
+    let node = Node::new();
+    let mut kubelet = Kubelet::start(&node.plugin_dir());
+    let topo = gb300("", "node-0");
+    let mut plugin = start(node.config("nvidia.com/gpu"), topo.clone());
+    let request = kubelet.registered_by(&mut plugin.task).await;
+    let mut client = dial(&node.plugin_dir().join(&request.endpoint)).await;
+    let mut stream = list_and_watch(&mut client).await;
+    let healthy = |d: &[Device]| d.iter().filter(|d| d.health == "Healthy").count();
+    assert_eq!(healthy(&next(&mut stream).await), 4);
+
+    // Xid 79 on GPU 2: it has fallen off the bus, the kubelet's allocatable drops to 3.
+    plugin.faults.send_replace(xid_on(&topo, 2, 79));
+    let devices = next(&mut stream).await;
+    assert_eq!(devices.len(), 4, "the lost GPU stays listed");
+    assert_eq!(devices[2].health, "Unhealthy");
+    assert_eq!(healthy(&devices), 3);
+    assert!(metrics_text(&plugin.metrics).contains("mockgpu_device_plugin_healthy_gpus 3\n"));
+
+    // Xid 13 (an application error) leaves GPU 2 healthy: back to 4.
+    plugin.faults.send_replace(xid_on(&topo, 2, 13));
+    assert_eq!(healthy(&next(&mut stream).await), 4);
+    plugin.faults.send_replace(xid_on(&topo, 1, 48));
+    let devices = next(&mut stream).await;
+    assert_eq!(devices[1].health, "Unhealthy", "a double-bit error");
+    // Cleared.
+    plugin.faults.send_replace(FaultReport::default());
+    assert_eq!(healthy(&next(&mut stream).await), 4);
+    assert!(metrics_text(&plugin.metrics).contains("mockgpu_device_plugin_healthy_gpus 4\n"));
 }
 
 #[tokio::test]

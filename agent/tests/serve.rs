@@ -236,6 +236,101 @@ fn serve_lifecycle() {
     })
 }
 
+/// Runs `mockgpu-agent fault ARGS` on the fault file of `run` (the gb300 profile); its status
+/// and output.
+fn fault(run: &Path, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"))
+        .arg("fault")
+        .args(args)
+        .arg("--dir")
+        .arg(run)
+        .env_remove("MOCKGPU_FAULTS")
+        .env("MOCKGPU_PROFILE", "gb300")
+        .env("MOCKGPU_NODE_NAME", "node-0")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status, text)
+}
+
+#[test]
+fn faults_change_the_served_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    in_private_namespace(|| {
+        let profile = dir.path().join("profile.yaml");
+        fs::write(&profile, "base: gb300\n").unwrap();
+        let run: PathBuf = dir.path().join("run");
+        let mnt = run.join("fs");
+        let agent = start(&profile, &mnt);
+        wait_for("the tree", || gpu_count(&mnt) == 4);
+        let gpus = mnt.join("proc/driver/nvidia/gpus");
+        let bus_dirs = || -> Vec<String> {
+            let mut d: Vec<String> = fs::read_dir(&gpus)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            d.sort();
+            d
+        };
+        let all = bus_dirs();
+        let xid_log = mnt.join(mockgpu_api::fault::XID_LOG_FILE);
+        assert_eq!(fs::read_to_string(&xid_log).unwrap(), "");
+
+        // Refused: no GPU 4, no Xid 7; the file is not even created.
+        let (status, out) = fault(&run, &["add", "--gpu", "4", "--xid", "79"]);
+        assert_eq!(status.code(), Some(1), "{out}");
+        assert!(out.contains("GPU 4: the node has 4 GPUs (0 to 3)"), "{out}");
+        let (status, out) = fault(&run, &["add", "--gpu", "0", "--xid", "7"]);
+        assert_eq!(status.code(), Some(1), "{out}");
+        assert!(out.contains("unknown Xid 7"), "{out}");
+        assert!(!run.join("faults.json").exists());
+
+        // Xid 79 on GPU 1: its proc directory goes, the Xid line comes.
+        let (status, out) = fault(&run, &["add", "--gpu", "1", "--xid", "79"]);
+        assert!(status.success(), "{out}");
+        assert!(out.starts_with("gpu1-xid79\t"), "{out}");
+        wait_for("the fault applied", || gpu_count(&mnt) == 3);
+        assert!(!bus_dirs().contains(&all[1]), "{:?}", bus_dirs());
+        let log = fs::read_to_string(&xid_log).unwrap();
+        assert!(
+            log.starts_with("NVRM: Xid (PCI:")
+                && log.contains("): 79, ")
+                && log.ends_with("GPU has fallen off the bus.\n"),
+            "{log}"
+        );
+        let metrics = http_get(agent.addr, "/metrics");
+        assert!(metrics.contains("mockgpu_faults 1\n"), "{metrics}");
+        assert!(metrics.contains("mockgpu_unhealthy_gpus 1\n"), "{metrics}");
+        let (_, listed) = fault(&run, &["list"]);
+        assert_eq!(
+            listed,
+            "gpu1-xid79\tGPU 1: Xid 79 (GPU has fallen off the bus.)\n"
+        );
+
+        // A bad entry written by hand is skipped; the good one stays applied.
+        let text = fs::read_to_string(run.join("faults.json")).unwrap();
+        let bad = text.replacen(
+            "\"faults\": [",
+            "\"faults\": [{\"name\": \"x\", \"gpu\": 9, \"kind\": \"Thermal\"},",
+            1,
+        );
+        fs::write(run.join("faults.json"), bad).unwrap();
+        wait_for("the bad entry refused", || {
+            http_get(agent.addr, "/metrics").contains("mockgpu_fault_errors_total 1")
+        });
+        assert_eq!(gpu_count(&mnt), 3);
+
+        // Cleared: back.
+        let (status, out) = fault(&run, &["clear", "--all"]);
+        assert!(status.success(), "{out}");
+        wait_for("the fault cleared", || gpu_count(&mnt) == 4);
+        assert_eq!(bus_dirs(), all);
+        assert_eq!(fs::read_to_string(&xid_log).unwrap(), "");
+        drop(agent);
+    })
+}
+
 #[test]
 fn real_driver_means_report_only() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,6 +9,7 @@
 //! ├── lib/libnvidia-ml.so.1     the mock NVML (`libnvidia-ml.so` links to it)
 //! ├── bin/nvidia-smi            the mock's nvidia-smi
 //! ├── dev/                      device nodes the device plugin hands to the kubelet
+//! ├── faults.json               the node's local GPU faults (`mockgpu-agent fault`)
 //! └── ld.so.preload             one line: the shim as containers see it
 //! /run/mockgpu-keeper/          beside it, never bound into containers (mode 0700)
 //! ├── keeper.sock               the keeper, which holds the FUSE connection across agent restarts
@@ -27,6 +28,8 @@ pub const PREFIXES_FILE: &str = "prefixes";
 pub const NVML_FILE: &str = "libnvidia-ml.so.1";
 /// The name without version that some consumers `dlopen` (Slurm, before `gpu_nvml.so`).
 pub const NVML_LINK: &str = "libnvidia-ml.so";
+/// The node's local faults, in the host directory.
+pub const FAULTS_FILE: &str = "faults.json";
 /// The mock's `nvidia-smi`.
 pub const SMI_FILE: &str = "nvidia-smi";
 /// Where containers get `nvidia-smi`, as the NVIDIA container toolkit puts it.
@@ -159,6 +162,12 @@ impl Layout {
         self.host.join("dev")
     }
 
+    /// The node's local GPU faults (`/run/mockgpu/faults.json`, a JSON
+    /// [`FaultFile`](crate::fault::FaultFile)), which `mockgpu-agent fault` edits and the agent follows.
+    pub fn faults_file(&self) -> PathBuf {
+        self.host.join(FAULTS_FILE)
+    }
+
     /// The keeper's directory (`/run/mockgpu-keeper`), beside the host directory rather than in
     /// it: the host directory is bound into GPU containers, and their root must not reach the
     /// keeper.
@@ -217,6 +226,7 @@ mod tests {
         assert_eq!(l.mount_point(), Path::new("/run/mockgpu/fs"));
         assert_eq!(l.lib_dir(), Path::new("/run/mockgpu/lib"));
         assert_eq!(l.dev_dir(), Path::new("/run/mockgpu/dev"));
+        assert_eq!(l.faults_file(), Path::new("/run/mockgpu/faults.json"));
         assert_eq!(
             l.keeper_socket(),
             Path::new("/run/mockgpu-keeper/keeper.sock")

@@ -1,8 +1,9 @@
-//! The `GpuNode` CustomResourceDefinition, as YAML: the chart's copy
-//! (`charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`) is generated from it.
+//! The `GpuNode` and `GpuFault` CustomResourceDefinitions, as YAML: the chart's copies
+//! (`charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`, `charts/mockgpu/crds/gpufaults.mockgpu.io.yaml`)
+//! are generated from them.
 
 use kube::CustomResourceExt;
-use mockgpu_api::GpuNode;
+use mockgpu_api::{GpuFault, GpuNode};
 
 /// The CRD as a YAML document, with a header saying where it comes from.
 pub fn yaml() -> Result<String, serde_saphyr::ser::Error> {
@@ -12,17 +13,30 @@ pub fn yaml() -> Result<String, serde_saphyr::ser::Error> {
     ))
 }
 
+/// The GpuFault CRD as a YAML document, with a header saying where it comes from.
+pub fn gpufault_yaml() -> Result<String, serde_saphyr::ser::Error> {
+    let body = serde_saphyr::to_string(&GpuFault::crd())?;
+    Ok(format!(
+        "# Generated from the GpuFault type in api/src/fault.rs (controller/src/crd.rs checks it;\n\
+         # MOCKGPU_WRITE_CRDS=1 cargo test -p mockgpu-controller crd:: rewrites it): do not edit.\n{body}"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
     /// The chart's copy of the CRD (regenerate: `cargo run -p mockgpu-controller -- crd >
-    /// charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`).
+    /// charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`, or `MOCKGPU_WRITE_CRDS=1 cargo test -p
+    /// mockgpu-controller crd::`, which rewrites both CRDs).
     const CHART_COPY: &str = "../charts/mockgpu/crds/gpunodes.mockgpu.io.yaml";
 
     #[test]
     fn the_charts_crd_is_the_generated_one() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(CHART_COPY);
+        if std::env::var_os("MOCKGPU_WRITE_CRDS").is_some() {
+            std::fs::write(&path, super::yaml().unwrap()).unwrap();
+        }
         let chart =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(
@@ -31,6 +45,30 @@ mod tests {
              `cargo run -p mockgpu-controller -- crd > charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`",
             path.display()
         );
+    }
+
+    /// The chart's copy of the GpuFault CRD.
+    const GPUFAULT_COPY: &str = "../charts/mockgpu/crds/gpufaults.mockgpu.io.yaml";
+
+    #[test]
+    fn the_charts_gpufault_crd_is_the_generated_one() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(GPUFAULT_COPY);
+        let generated = super::gpufault_yaml().unwrap();
+        if std::env::var_os("MOCKGPU_WRITE_CRDS").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let chart =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            chart == generated,
+            "{} differs from the GpuFault type; regenerate it with \
+             `MOCKGPU_WRITE_CRDS=1 cargo test -p mockgpu-controller crd::`",
+            path.display()
+        );
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::CustomResourceExt;
+        let crd: CustomResourceDefinition = serde_saphyr::from_str(&generated).unwrap();
+        assert_eq!(crd, mockgpu_api::GpuFault::crd());
     }
 
     #[test]

@@ -42,6 +42,7 @@ use proto::device_plugin_server::DevicePluginServer;
 use proto::registration_client::RegistrationClient;
 use proto::{Device, RegisterRequest};
 
+use crate::faults::{self, FaultReport};
 use crate::sys::Sys;
 use service::{Service, Shared, device_list, options, uuids};
 
@@ -341,25 +342,41 @@ async fn sync_nodes<S: Sys + Send + Sync + 'static>(
         .expect("creating device nodes does not panic")
 }
 
-/// Follows topology changes (profile reloads): recreates the device nodes and publishes the new
-/// device list, which every open `ListAndWatch` stream sends on.
+/// Follows topology changes (profile reloads) and fault changes: recreates the device nodes
+/// (for a new topology) and publishes the new device list, which every open `ListAndWatch`
+/// stream sends on.
 async fn follow<S: Sys + Send + Sync + 'static>(
     mut topology: watch::Receiver<Option<NodeTopology>>,
+    mut faults: watch::Receiver<FaultReport>,
     devices: watch::Sender<Vec<Device>>,
     mut seen: BTreeSet<String>,
     sys: Arc<S>,
     dir: PathBuf,
     metrics: Metrics,
 ) {
-    while topology.changed().await.is_ok() {
+    let mut faults_open = true;
+    loop {
+        let new_topology = tokio::select! {
+            changed = topology.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                true
+            }
+            changed = faults.changed(), if faults_open => {
+                faults_open = changed.is_ok();
+                false
+            }
+        };
         let Some(topo) = topology.borrow_and_update().clone() else {
             continue;
         };
-        if let Err(e) = sync_nodes(&sys, &dir, &topo).await {
+        if new_topology && let Err(e) = sync_nodes(&sys, &dir, &topo).await {
             tracing::error!(error = %e, "device nodes not updated");
         }
         seen.extend(uuids(&topo));
-        let list = device_list(&topo, &seen);
+        let unhealthy = faults::unhealthy(&faults.borrow_and_update().faults, &topo);
+        let list = device_list(&topo, &seen, &unhealthy);
         publish_health(&metrics, &list);
         devices.send_if_modified(|current| {
             let changed = *current != list;
@@ -388,6 +405,7 @@ pub async fn run<S: Sys + Send + Sync + 'static>(
     config: Config,
     sys: S,
     mut topology: watch::Receiver<Option<NodeTopology>>,
+    mut faults: watch::Receiver<FaultReport>,
     metrics: Metrics,
     standing: watch::Sender<Standing>,
     shutdown: impl Future<Output = ()>,
@@ -423,11 +441,13 @@ pub async fn run<S: Sys + Send + Sync + 'static>(
     let sys = Arc::new(sys);
     sync_nodes(&sys, &config.dev_dir, &first).await?;
     let seen = uuids(&first);
-    let list = device_list(&first, &seen);
+    let unhealthy = faults::unhealthy(&faults.borrow_and_update().faults, &first);
+    let list = device_list(&first, &seen, &unhealthy);
     publish_health(&metrics, &list);
     let (devices_tx, devices) = watch::channel(list);
     let follower = tokio::spawn(follow(
         topology.clone(),
+        faults,
         devices_tx,
         seen,
         sys,
@@ -610,12 +630,16 @@ mod tests {
         assert_eq!(e.to_string(), format!("device ID {id} is requested twice"));
         // A GPU that disappears from the profile stays listed, unhealthy.
         let seen = BTreeSet::from([id.clone(), "GPU-gone".to_string()]);
-        let list = device_list(&topo, &seen);
+        let list = device_list(&topo, &seen, &BTreeSet::new());
         let last = list.last().unwrap();
         assert_eq!(
             (last.id.as_str(), last.health.as_str()),
             ("GPU-gone", UNHEALTHY)
         );
         assert_eq!(list.len(), topo.gpus.len() + 1);
+        // A GPU its faults leave unhealthy is listed unhealthy.
+        let list = device_list(&topo, &BTreeSet::new(), &BTreeSet::from([1]));
+        let health: Vec<&str> = list.iter().map(|d| d.health.as_str()).collect();
+        assert_eq!(health[..3], [HEALTHY, UNHEALTHY, HEALTHY]);
     }
 }

@@ -27,19 +27,25 @@ pub(super) fn uuids(topo: &NodeTopology) -> BTreeSet<String> {
 }
 
 /// The device list of `topo`: its GPUs in minor order, healthy unless the profile marks them
-/// failed, then the GPUs advertised before (`seen`) that are gone, unhealthy.
-pub(super) fn device_list(topo: &NodeTopology, seen: &BTreeSet<String>) -> Vec<Device> {
+/// failed or their faults leave them unhealthy (`unhealthy`, GPU indices), then the GPUs
+/// advertised before (`seen`) that are gone, unhealthy.
+pub(super) fn device_list(
+    topo: &NodeTopology,
+    seen: &BTreeSet<String>,
+    unhealthy: &BTreeSet<u32>,
+) -> Vec<Device> {
     let mut devices: Vec<Device> = topo
         .gpus
         .iter()
         .map(|g| Device {
             id: g.uuid.clone(),
-            health: if topo.profile.failed_gpus.contains(&g.index) {
-                UNHEALTHY
-            } else {
-                HEALTHY
-            }
-            .into(),
+            health:
+                if topo.profile.failed_gpus.contains(&g.index) || unhealthy.contains(&g.index) {
+                    UNHEALTHY
+                } else {
+                    HEALTHY
+                }
+                .into(),
             topology: (g.numa_node >= 0).then(|| TopologyInfo {
                 nodes: vec![NumaNode {
                     id: i64::from(g.numa_node),

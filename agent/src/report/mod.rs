@@ -4,8 +4,9 @@
 //!
 //! It reports when the GPUs are first served, on every heartbeat (jittered), about half a second
 //! after a pinning change (the NRI plugin's events; Synchronize replays them at every
-//! connection) or a change of the device plugin's standing (`DevicePluginConflict`), and when
-//! the topology changes (a profile reload). API errors are retried with
+//! connection) or a change of the device plugin's standing (`DevicePluginConflict`), when
+//! the topology changes (a profile reload), and when the GPU faults applied change (`faults`,
+//! `unhealthyGpus`). API errors are retried with
 //! a doubling delay (1 s to 5 min); after one, the object and the Node are read again. A deleted
 //! GpuNode is recreated by the next report. The pure parts are in [`status`], the API server
 //! behind [`GpuNodes`] ([`Live`] in production, a fake in the tests).
@@ -25,6 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::device_plugin::Standing;
+use crate::faults::FaultReport;
 
 pub use live::{Credentials, Live, credentials, credentials_from_env};
 pub use status::{PinningMap, Previous, Readiness, RealGpus, Served};
@@ -103,7 +105,7 @@ fn random_unit() -> f64 {
 /// The status agent `instance` reports now, with `previous` as its base.
 fn agent_status(
     instance: &str,
-    pinning: &PinningMap,
+    (pinning, faults): (&PinningMap, &FaultReport),
     hash: &str,
     readiness: &Readiness,
     standing: Option<&Standing>,
@@ -112,6 +114,7 @@ fn agent_status(
     let now = Time(Timestamp::now());
     let version = env!("CARGO_PKG_VERSION");
     let mut status = status::status(hash, readiness, standing, pinning, previous, version, &now);
+    status::with_faults(&mut status, faults);
     status.agent_instance = Some(instance.to_string());
     status
 }
@@ -132,6 +135,8 @@ struct Reporter<A> {
     pinning: PinningMap,
     /// The device plugin's standing, when it runs.
     standing: Option<Standing>,
+    /// The GPU faults applied.
+    faults: FaultReport,
     known: Option<Known>,
     reported_once: bool,
 }
@@ -180,7 +185,7 @@ impl<A: GpuNodes> Reporter<A> {
         known.object_uid = Some(uid);
         let status = agent_status(
             &self.instance,
-            &self.pinning,
+            (&self.pinning, &self.faults),
             &hash,
             readiness,
             self.standing.as_ref(),
@@ -219,7 +224,7 @@ impl<A: GpuNodes> Reporter<A> {
         let hash = served.spec(&self.node_name).topology_hash;
         let status = agent_status(
             &self.instance,
-            &self.pinning,
+            (&self.pinning, &self.faults),
             &hash,
             &status::stopped(),
             self.standing.as_ref(),
@@ -233,12 +238,15 @@ impl<A: GpuNodes> Reporter<A> {
 
 /// Reports `served`'s GpuNode through `api` until `stop` completes, then reports `Ready` False
 /// (if it has reported at all). `served` is `None` until the GPUs are served; `pinning` is
-/// `None` without an NRI plugin, `standing` without a device plugin.
+/// `None` without an NRI plugin, `standing` without a device plugin, `faults` in real mode.
 pub async fn run<A: GpuNodes, S: Served>(
     api: A,
     config: &Config,
     mut served: watch::Receiver<Option<S>>,
-    mut pinning: Option<mpsc::UnboundedReceiver<PinningEvent>>,
+    (mut pinning, mut faults): (
+        Option<mpsc::UnboundedReceiver<PinningEvent>>,
+        Option<watch::Receiver<FaultReport>>,
+    ),
     mut standing: Option<watch::Receiver<Standing>>,
     stop: impl Future<Output = ()>,
 ) {
@@ -249,6 +257,10 @@ pub async fn run<A: GpuNodes, S: Served>(
         instance: format!("{:016x}", random_u64()),
         pinning: PinningMap::default(),
         standing: standing.as_mut().map(|s| s.borrow_and_update().clone()),
+        faults: faults
+            .as_mut()
+            .map(|f| f.borrow_and_update().clone())
+            .unwrap_or_default(),
         known: None,
         reported_once: false,
     };
@@ -288,6 +300,18 @@ pub async fn run<A: GpuNodes, S: Served>(
                     }
                     // the device plugin ended: what it said last stays
                     Err(_) => standing = None,
+                }
+                None
+            }
+            changed = async { faults.as_mut().expect("guarded").changed().await }, if faults.is_some() => {
+                match changed {
+                    Ok(()) => {
+                        reporter.faults = faults.as_mut().map(|f| f.borrow_and_update().clone()).unwrap_or_default();
+                        if failures == 0 {
+                            next = next.min(Instant::now() + DEBOUNCE);
+                        }
+                    }
+                    Err(_) => faults = None,
                 }
                 None
             }
@@ -333,14 +357,17 @@ pub async fn run<A: GpuNodes, S: Served>(
 pub fn start<S: Served>(
     config: Config,
     served: watch::Receiver<Option<S>>,
-    pinning: Option<mpsc::UnboundedReceiver<PinningEvent>>,
+    inputs: (
+        Option<mpsc::UnboundedReceiver<PinningEvent>>,
+        Option<watch::Receiver<FaultReport>>,
+    ),
     standing: Option<watch::Receiver<Standing>>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tracing::info!(node = %config.node_name, heartbeat = ?config.heartbeat, credentials = ?config.credentials, "reporting the GpuNode");
     tokio::spawn(async move {
         let api = Live::new(config.credentials.clone());
-        run(api, &config, served, pinning, standing, stop).await;
+        run(api, &config, served, inputs, standing, stop).await;
     })
 }
 

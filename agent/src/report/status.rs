@@ -10,6 +10,7 @@ use mockgpu_api::{DriverGpu, NodeTopology};
 use mockgpu_nri::PinningEvent;
 
 use crate::device_plugin::Standing;
+use crate::faults::FaultReport;
 
 /// The profile name reported in real mode.
 pub(crate) const REAL_PROFILE: &str = "real";
@@ -298,10 +299,17 @@ pub fn status(
         held_gpus: pinning.held(),
         pinning: pinning.pinning(),
         conditions: std::iter::once(ready).chain(device_plugin).collect(),
-        // Filled in by the fault source (issue 24's agent side).
+        // filled in by `with_faults`
         faults: Vec::new(),
         unhealthy_gpus: 0,
     }
+}
+
+/// Puts the GPU faults applied into `status`: one entry per fault, and the GPUs they leave
+/// unhealthy.
+pub fn with_faults(status: &mut GpuNodeStatus, faults: &FaultReport) {
+    status.faults = faults.status.clone();
+    status.unhealthy_gpus = faults.unhealthy_gpus();
 }
 
 /// The previous state after reporting `status` for `hash`.

@@ -177,6 +177,7 @@ struct Running {
     served: watch::Sender<Option<NodeTopology>>,
     pinning: UnboundedSender<PinningEvent>,
     standing: watch::Sender<Standing>,
+    faults: watch::Sender<FaultReport>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -185,6 +186,7 @@ fn start_with(fake: Fake, calls: Calls, served: Option<NodeTopology>) -> Running
     let (served_tx, served_rx) = watch::channel(served);
     let (pin_tx, pin_rx) = unbounded_channel();
     let (standing_tx, standing_rx) = watch::channel(Standing::Starting);
+    let (faults_tx, faults_rx) = watch::channel(FaultReport::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let api = fake.clone();
     let task = tokio::spawn(async move {
@@ -195,7 +197,7 @@ fn start_with(fake: Fake, calls: Calls, served: Option<NodeTopology>) -> Running
             api,
             &config(),
             served_rx,
-            Some(pin_rx),
+            (Some(pin_rx), Some(faults_rx)),
             Some(standing_rx),
             stop,
         )
@@ -207,6 +209,7 @@ fn start_with(fake: Fake, calls: Calls, served: Option<NodeTopology>) -> Running
         served: served_tx,
         pinning: pin_tx,
         standing: standing_tx,
+        faults: faults_tx,
         stop: Some(stop_tx),
         task,
     }
@@ -422,6 +425,51 @@ async fn a_node_registered_again_is_owned_anew() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn faults_are_reported_within_the_debounce() {
+    use crate::faults::{Checked, Sourced};
+    use mockgpu_api::{Fault, FaultKind};
+    let topo = topology("gb300");
+    let mut r = start(Some(topo.clone()));
+    let (_, s) = r.next_status().await;
+    assert_eq!((s.faults.len(), s.unhealthy_gpus), (0, 0));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let t0 = Instant::now();
+    let fault = |gpu, kind, xid| Fault {
+        gpu,
+        kind,
+        xid,
+        single_bit: None,
+        double_bit: None,
+        link: None,
+    };
+    let candidates = [
+        Sourced {
+            source: "local/lost".into(),
+            fault: fault(1, FaultKind::Xid, Some(79)),
+        },
+        Sourced {
+            source: "GpuFault/hot".into(),
+            fault: fault(2, FaultKind::Thermal, None),
+        },
+    ];
+    r.faults
+        .send_replace(Checked::of(&topo, &candidates).report(&topo));
+    let (t, s) = r.next_status().await;
+    assert_eq!(t - t0, DEBOUNCE, "not only at the next heartbeat");
+    assert_eq!(s.unhealthy_gpus, 1, "thermal slowdown leaves GPU 2 healthy");
+    let sources: Vec<&str> = s.faults.iter().map(|f| f.source.as_str()).collect();
+    assert_eq!(sources, ["local/lost", "GpuFault/hot"]);
+    assert_eq!(s.faults[0].uuid, topo.gpus[1].uuid);
+    assert_eq!((s.faults[0].gpu, s.faults[0].xid), (1, Some(79)));
+    assert_eq!(s.faults[1].message, "GPU 2: thermal slowdown");
+    // cleared
+    r.faults.send_replace(FaultReport::default());
+    let (_, s) = r.next_status().await;
+    assert_eq!((s.faults.len(), s.unhealthy_gpus), (0, 0));
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_pinning_change_is_reported_within_the_debounce() {
     let topo = topology("gb300");
     let uuids: Vec<String> = topo.gpus.iter().map(|g| g.uuid.clone()).collect();
@@ -569,7 +617,7 @@ async fn real_gpus_are_reported_as_real() {
     drop(_tx);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        run(fake, &config(), rx, None, None, async move {
+        run(fake, &config(), rx, (None, None), None, async move {
             let _ = stop_rx.await;
         })
         .await;
