@@ -235,6 +235,24 @@ impl Stamp {
     }
 }
 
+/// The clocks event reasons (`nvmlClocksEventReason*`) as `-q` lists them: depth, label, bit.
+pub const EVENT_REASONS: [(usize, &str, u64); 9] = [
+    (2, "Idle", 0x1),
+    (2, "Applications Clocks Setting", 0x2),
+    (2, "SW Power Cap", 0x4),
+    (2, "HW Slowdown", 0x8),
+    (3, "HW Thermal Slowdown", 0x40),
+    (3, "HW Power Brake Slowdown", 0x80),
+    (2, "Sync Boost", 0x10),
+    (2, "SW Thermal Slowdown", 0x20),
+    (2, "Display Clock Setting", 0x100),
+];
+
+/// An event reason's state.
+pub fn active(on: bool) -> &'static str {
+    if on { "Active" } else { "Not Active" }
+}
+
 #[cfg(test)]
 pub mod tests {
     use super::*;
@@ -296,22 +314,4 @@ pub mod tests {
         assert_eq!(fabric_state(&f), "Completed");
         assert_eq!(fabric_status(&f), "Success");
     }
-}
-
-/// The clocks event reasons (`nvmlClocksEventReason*`) as `-q` lists them: depth, label, bit.
-pub const EVENT_REASONS: [(usize, &str, u64); 9] = [
-    (2, "Idle", 0x1),
-    (2, "Applications Clocks Setting", 0x2),
-    (2, "SW Power Cap", 0x4),
-    (2, "HW Slowdown", 0x8),
-    (3, "HW Thermal Slowdown", 0x40),
-    (3, "HW Power Brake Slowdown", 0x80),
-    (2, "Sync Boost", 0x10),
-    (2, "SW Thermal Slowdown", 0x20),
-    (2, "Display Clock Setting", 0x100),
-];
-
-/// An event reason's state.
-pub fn active(on: bool) -> &'static str {
-    if on { "Active" } else { "Not Active" }
 }
