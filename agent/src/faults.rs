@@ -488,14 +488,7 @@ mod tests {
     }
 
     fn xid(gpu: u32, code: u32) -> Fault {
-        Fault {
-            gpu,
-            kind: FaultKind::Xid,
-            xid: Some(code),
-            single_bit: None,
-            double_bit: None,
-            link: None,
-        }
+        Fault::xid(gpu, code)
     }
 
     #[test]

@@ -215,14 +215,7 @@ mod tests {
             name,
             GpuFaultSpec {
                 node_name: node.into(),
-                fault: Fault {
-                    gpu: 1,
-                    kind: FaultKind::Thermal,
-                    xid: None,
-                    single_bit: None,
-                    double_bit: None,
-                    link: None,
-                },
+                fault: Fault::new(1, FaultKind::Thermal),
                 expires: None,
             },
         );

@@ -22,7 +22,7 @@ use mockgpu_agent::device_plugin::{
 };
 use mockgpu_agent::faults::{Checked, FaultReport, Sourced};
 use mockgpu_agent::sys::Linux;
-use mockgpu_api::{Fault, FaultKind, Layout, NodeTopology, Profile};
+use mockgpu_api::{Fault, Layout, NodeTopology, Profile};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -400,14 +400,7 @@ async fn registers_lists_and_allocates() {
 
 /// Xid `code` on GPU `gpu`, applied on `topo` as the agent applies a local fault.
 fn xid_on(topo: &NodeTopology, gpu: u32, code: u32) -> FaultReport {
-    let fault = Fault {
-        gpu,
-        kind: FaultKind::Xid,
-        xid: Some(code),
-        single_bit: None,
-        double_bit: None,
-        link: None,
-    };
+    let fault = Fault::xid(gpu, code);
     let sourced = Sourced {
         source: "local/t".into(),
         fault,

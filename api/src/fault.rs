@@ -221,6 +221,26 @@ fn known_xids() -> String {
 }
 
 impl Fault {
+    /// A fault of `kind` on GPU `gpu`, none of the kinds' fields set.
+    pub fn new(gpu: u32, kind: FaultKind) -> Fault {
+        Fault {
+            gpu,
+            kind,
+            xid: None,
+            single_bit: None,
+            double_bit: None,
+            link: None,
+        }
+    }
+
+    /// Xid `code` on GPU `gpu`.
+    pub fn xid(gpu: u32, code: u32) -> Fault {
+        Fault {
+            xid: Some(code),
+            ..Fault::new(gpu, FaultKind::Xid)
+        }
+    }
+
     /// Checks the fault against the node's GPUs: the GPU exists, the kind has exactly the fields
     /// it needs, the Xid is known, the link exists.
     pub fn validate(&self, topo: &NodeTopology) -> Result<(), FaultError> {
@@ -476,14 +496,7 @@ mod tests {
     }
 
     fn xid_fault(gpu: u32, code: u32) -> Fault {
-        Fault {
-            gpu,
-            kind: FaultKind::Xid,
-            xid: Some(code),
-            single_bit: None,
-            double_bit: None,
-            link: None,
-        }
+        Fault::xid(gpu, code)
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
-use common::{Nvml, Rendered, set_root, text};
+use common::{Nvml, PciInfo, Rendered, set_root, text};
 use mockgpu_api::BusId;
 use mockgpu_api::fault::{Fault, FaultKind, XID_LOG_FILE, Xid};
 
@@ -20,29 +20,11 @@ const TIMEOUT: u32 = 10;
 const GPU_IS_LOST: u32 = 15;
 const XID_CRITICAL_ERROR: u64 = 8;
 
-fn fault(gpu: u32, kind: FaultKind) -> Fault {
-    Fault {
-        gpu,
-        kind,
-        xid: None,
-        single_bit: None,
-        double_bit: None,
-        link: None,
-    }
-}
-
-fn xid(gpu: u32, code: u32) -> Fault {
-    Fault {
-        xid: Some(code),
-        ..fault(gpu, FaultKind::Xid)
-    }
-}
-
 fn ecc(gpu: u32, single: u64, double: u64) -> Fault {
     Fault {
         single_bit: Some(single),
         double_bit: Some(double),
-        ..fault(gpu, FaultKind::Ecc)
+        ..Fault::new(gpu, FaultKind::Ecc)
     }
 }
 
@@ -79,18 +61,6 @@ fn count(nv: &Nvml) -> u32 {
     n
 }
 
-/// `nvmlPciInfo_t`.
-#[repr(C)]
-struct PciInfo {
-    bus_id_legacy: [u8; 16],
-    domain: u32,
-    bus: u32,
-    device: u32,
-    pci_device_id: u32,
-    pci_sub_system_id: u32,
-    bus_id: [u8; 32],
-}
-
 /// `nvmlExcludedDeviceInfo_t`.
 #[repr(C)]
 struct ExcludedInfo {
@@ -106,7 +76,7 @@ fn nvml_bus(b: &BusId) -> String {
 #[test]
 fn a_gpu_fallen_off_the_bus_is_lost_at_its_index() {
     let (nv, _lock) = Nvml::get();
-    let r = Rendered::with_faults("gb300", &[xid(1, 79)]);
+    let r = Rendered::with_faults("gb300", &[Fault::xid(1, 79)]);
     init(nv, &r);
     let gpus = &r.topo.gpus;
     assert_eq!(count(nv), 4, "a lost GPU still counts");
@@ -164,7 +134,7 @@ fn a_gpu_fallen_off_the_bus_is_lost_at_its_index() {
 #[test]
 fn an_excluded_gpu_is_not_enumerated_but_listed_apart() {
     let (nv, _lock) = Nvml::get();
-    let r = Rendered::with_faults("gb300", &[fault(2, FaultKind::Excluded)]);
+    let r = Rendered::with_faults("gb300", &[Fault::new(2, FaultKind::Excluded)]);
     init(nv, &r);
     let gpus = &r.topo.gpus;
     assert_eq!(count(nv), 3);
@@ -234,7 +204,7 @@ fn retired_pages(nv: &Nvml, d: Dev) -> (Vec<u64>, u32) {
 #[test]
 fn ecc_errors_count_and_leave_rows_remapped_from_ampere_on() {
     let (nv, _lock) = Nvml::get();
-    let r = Rendered::with_faults("h100", &[ecc(0, 5, 2), xid(1, 64)]);
+    let r = Rendered::with_faults("h100", &[ecc(0, 5, 2), Fault::xid(1, 64)]);
     init(nv, &r);
     let (d0, d1) = (handle(nv, 0), handle(nv, 1));
     assert_eq!(ecc_counts(nv, d0, 0), [5, 5, 5, 0]);
@@ -270,7 +240,7 @@ fn double_bit_errors_retire_pages_before_ampere() {
 #[test]
 fn thermal_slowdown_is_a_clocks_event_reason() {
     let (nv, _lock) = Nvml::get();
-    let r = Rendered::with_faults("h100", &[fault(0, FaultKind::Thermal)]);
+    let r = Rendered::with_faults("h100", &[Fault::new(0, FaultKind::Thermal)]);
     init(nv, &r);
     let thermal = 0x20 | 0x40;
     let current = nvml!(nv, nvmlDeviceGetCurrentClocksEventReasons(Dev, *mut u64));
@@ -307,7 +277,7 @@ fn a_link_down_is_disabled() {
     let (nv, _lock) = Nvml::get();
     let down = Fault {
         link: Some(2),
-        ..fault(0, FaultKind::NvLinkDown)
+        ..Fault::new(0, FaultKind::NvLinkDown)
     };
     let r = Rendered::with_faults("gb300", &[down]);
     init(nv, &r);
@@ -349,7 +319,7 @@ fn write_log(root: &Path, lines: &[String]) {
 fn xid_events_arrive_during_a_wait_once_each() {
     let (nv, _lock) = Nvml::get();
     // Xid 48 on GPU 0 is in the log before anyone registers: not an event.
-    let r = Rendered::with_faults("gb300", &[xid(0, 48)]);
+    let r = Rendered::with_faults("gb300", &[Fault::xid(0, 48)]);
     init(nv, &r);
     let line = |gpu: usize, code: u32| Xid::of(code).unwrap().log_line(&r.topo.gpus[gpu].bus_id);
     let (d0, d1) = (handle(nv, 0), handle(nv, 1));

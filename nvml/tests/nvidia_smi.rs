@@ -213,14 +213,7 @@ fn bad_arguments_exit_2_before_loading_anything() {
 
 /// A GPU fallen off the bus (Xid 79).
 fn lost(gpu: u32) -> Fault {
-    Fault {
-        gpu,
-        kind: FaultKind::Xid,
-        xid: Some(79),
-        single_bit: None,
-        double_bit: None,
-        link: None,
-    }
+    Fault::xid(gpu, 79)
 }
 
 #[test]

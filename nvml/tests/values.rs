@@ -6,24 +6,12 @@ mod common;
 use std::ffi::{c_char, c_ulong, c_void};
 use std::ptr::null_mut;
 
-use common::{Nvml, Rendered, set_root, text};
+use common::{Nvml, PciInfo, Rendered, set_root, text};
 use mockgpu_api::nvml::{
     bar1_bytes, nvlink_remotes, serial, supported_graphics_clocks, uuid_bytes,
 };
 
 type Dev = *mut c_void;
-
-#[repr(C)]
-#[derive(Default)]
-struct PciInfo {
-    bus_id_legacy: [u8; 16],
-    domain: u32,
-    bus: u32,
-    device: u32,
-    pci_device_id: u32,
-    pci_sub_system_id: u32,
-    bus_id: [u8; 32],
-}
 
 #[repr(C)]
 #[derive(Default)]

@@ -434,22 +434,14 @@ async fn faults_are_reported_within_the_debounce() {
     assert_eq!((s.faults.len(), s.unhealthy_gpus), (0, 0));
     tokio::time::sleep(Duration::from_secs(5)).await;
     let t0 = Instant::now();
-    let fault = |gpu, kind, xid| Fault {
-        gpu,
-        kind,
-        xid,
-        single_bit: None,
-        double_bit: None,
-        link: None,
-    };
     let candidates = [
         Sourced {
             source: "local/lost".into(),
-            fault: fault(1, FaultKind::Xid, Some(79)),
+            fault: Fault::xid(1, 79),
         },
         Sourced {
             source: "GpuFault/hot".into(),
-            fault: fault(2, FaultKind::Thermal, None),
+            fault: Fault::new(2, FaultKind::Thermal),
         },
     ];
     r.faults

@@ -50,6 +50,19 @@ pub fn cargo_build(args: &[&str]) -> PathBuf {
 /// The library, loaded once per test binary.
 pub struct Nvml(*mut c_void);
 
+/// `nvmlPciInfo_t`.
+#[repr(C)]
+#[derive(Default)]
+pub struct PciInfo {
+    pub bus_id_legacy: [u8; 16],
+    pub domain: u32,
+    pub bus: u32,
+    pub device: u32,
+    pub pci_device_id: u32,
+    pub pci_sub_system_id: u32,
+    pub bus_id: [u8; 32],
+}
+
 // SAFETY: the handle is only used for dlsym, which is thread-safe.
 unsafe impl Send for Nvml {}
 // SAFETY: as above.

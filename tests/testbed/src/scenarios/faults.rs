@@ -34,24 +34,6 @@ const LOST: u32 = 1;
 /// Where the go-nvml program goes in the pod.
 const NVMLLIST: &str = "/tmp/nvmllist";
 
-fn fault(gpu: u32, kind: FaultKind) -> Fault {
-    Fault {
-        gpu,
-        kind,
-        xid: None,
-        single_bit: None,
-        double_bit: None,
-        link: None,
-    }
-}
-
-fn xid(gpu: u32, code: u32) -> Fault {
-    Fault {
-        xid: Some(code),
-        ..fault(gpu, FaultKind::Xid)
-    }
-}
-
 /// Creates the GpuFault `name` on `node`.
 async fn inject(faults: &Api<GpuFault>, name: &str, node: &str, f: Fault) -> Result<()> {
     let obj = GpuFault::new(
@@ -219,7 +201,7 @@ async fn faults_on_node0(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> 
     let gpus = listed.iter().filter(|l| l.starts_with("gpu ")).count();
     ensure!(gpus == 4, "go-nvml lists {gpus} GPUs, want 4: {listed:?}");
     let t = Instant::now();
-    inject(faults, "xid79", NODE, xid(LOST, 79)).await?;
+    inject(faults, "xid79", NODE, Fault::xid(LOST, 79)).await?;
     let m = wait_applied(faults, "xid79", "True").await?;
     println!("  GpuFault xid79 (node0, GPU 1, Xid 79): Applied ({m})");
     let three = |n: Option<&Node>| allocatable(n).as_deref() == Some("3");
@@ -301,11 +283,11 @@ async fn faults_on_node0(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> 
         Fault {
             single_bit: Some(5),
             double_bit: Some(2),
-            ..fault(2, FaultKind::Ecc)
+            ..Fault::new(2, FaultKind::Ecc)
         },
     )
     .await?;
-    inject(faults, "thermal", NODE, fault(3, FaultKind::Thermal)).await?;
+    inject(faults, "thermal", NODE, Fault::new(3, FaultKind::Thermal)).await?;
     wait_applied(faults, "ecc", "True").await?;
     wait_applied(faults, "thermal", "True").await?;
     let q = smi("-q -i 2")?;
@@ -337,14 +319,14 @@ async fn faults_on_node0(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> 
         println!("  {l}");
     }
     // faults the node cannot have: refused, nothing else changes
-    inject(faults, "gpu7", NODE, xid(7, 79)).await?;
+    inject(faults, "gpu7", NODE, Fault::xid(7, 79)).await?;
     let m = wait_applied(faults, "gpu7", "False").await?;
     ensure!(
         m.contains("GPU 7"),
         "the refusal of GPU 7 does not name it: {m}"
     );
     println!("  GpuFault gpu7: refused: {m}");
-    let e = inject(faults, "xid7", NODE, xid(0, 7)).await;
+    let e = inject(faults, "xid7", NODE, Fault::xid(0, 7)).await;
     let m = format!("{:#}", e.err().context("a GpuFault of Xid 7 was created")?);
     ensure!(
         m.contains('7') && m.contains("79"),
@@ -447,7 +429,7 @@ async fn drain(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> Result<()>
         .clone();
     let name = slinky::slurm_name(NODE, false)?;
     let t = Instant::now();
-    inject(faults, "xid79-drain", NODE, xid(LOST, 79)).await?;
+    inject(faults, "xid79-drain", NODE, Fault::xid(LOST, 79)).await?;
     let drained = |s: &str| {
         s.lines().any(|l| {
             l.starts_with(&format!("{name} "))
