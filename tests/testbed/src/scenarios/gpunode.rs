@@ -96,7 +96,7 @@ pub async fn gpunode_reported(bed: &Bed) -> Result<()> {
     let words = |l: &str| l.split_whitespace().collect::<Vec<_>>().join(" ");
     let header = table.lines().next().map(words).unwrap_or_default();
     ensure!(
-        header == "NAME MODE PROFILE GPUS HELD READY AGE",
+        header == "NAME MODE PROFILE GPUS HELD UNHEALTHY READY AGE",
         "columns: {header}"
     );
     let row = table
@@ -104,10 +104,10 @@ pub async fn gpunode_reported(bed: &Bed) -> Result<()> {
         .map(words)
         .find(|l| l.split(' ').next() == Some(NODE))
         .with_context(|| format!("kubectl get gpunodes lists no {NODE}"))?;
-    let cells: Vec<&str> = row.split(' ').skip(1).take(5).collect();
+    let cells: Vec<&str> = row.split(' ').skip(1).take(6).collect();
     ensure!(
-        cells == ["mock", "gb300", "4", "0", "True"],
-        "GpuNode row {row:?}, want mock gb300 4 0 True"
+        cells == ["mock", "gb300", "4", "0", "0", "True"],
+        "GpuNode row {row:?}, want mock gb300 4 0 0 True"
     );
     println!("  managedFields: {managers:?}; owner: the Node");
     let mut doctor = bed.innode(&[
