@@ -59,9 +59,9 @@ render() {
 # --- the default values
 render default
 D=$T/default.json
-want "$D" "one agent DaemonSet, the controller, the policy, the test pod" \
+want "$D" "one agent DaemonSet, the controller, the two policies (GpuNodes, GpuFaults), the test pod" \
   '(kinds("DaemonSet") | length) == 1 and (kinds("Deployment") | length) == 1
-   and (kinds("ValidatingAdmissionPolicy") | length) == 1 and (kinds("ValidatingAdmissionPolicyBinding") | length) == 1
+   and (kinds("ValidatingAdmissionPolicy") | length) == 2 and (kinds("ValidatingAdmissionPolicyBinding") | length) == 2
    and (kinds("Pod") | length) == 1 and (kinds("ConfigMap") | length) == 0'
 want "$D" "the GpuNode CRD (crds/, generated from the controller): cluster-scoped, with a status subresource" \
   'obj("CustomResourceDefinition"; "gpunodes.mockgpu.io").spec | .group == "mockgpu.io" and .scope == "Cluster"
@@ -110,12 +110,15 @@ want "$D" "agent RBAC: exactly its own verbs" \
   'obj("ClusterRole"; "'$F'-agent") | rules == [
      {g: ["mockgpu.io"], r: ["gpunodes"], v: ["create", "get", "patch", "update"], n: null},
      {g: ["mockgpu.io"], r: ["gpunodes/status"], v: ["get", "patch", "update"], n: null},
+     {g: ["mockgpu.io"], r: ["gpufaults"], v: ["get", "list", "watch"], n: null},
+     {g: ["mockgpu.io"], r: ["gpufaults/status"], v: ["patch"], n: null},
      {g: [""], r: ["nodes"], v: ["get"], n: null},
      {g: ["events.k8s.io"], r: ["events"], v: ["create", "patch"], n: null}]'
 want "$D" "controller RBAC: exactly its verbs, no Secret without remediation" \
   'obj("ClusterRole"; "'$F'-controller") | rules == [
      {g: ["mockgpu.io"], r: ["gpunodes"], v: ["get", "list", "watch"], n: null},
      {g: ["mockgpu.io"], r: ["gpunodes/status"], v: ["patch", "update"], n: null},
+     {g: ["mockgpu.io"], r: ["gpufaults"], v: ["create", "delete", "get", "list", "watch"], n: null},
      {g: [""], r: ["nodes"], v: ["get", "list", "patch", "watch"], n: null},
      {g: [""], r: ["nodes/status"], v: ["patch"], n: null},
      {g: [""], r: ["pods"], v: ["delete", "get", "list", "watch"], n: null},
