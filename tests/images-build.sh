@@ -43,7 +43,9 @@ exec 8> "$MGI/lock"
 flock 8
 
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
-image_id() { "${B[@]}" images --noheading --no-trunc --format '{{.ID}}' "$1" 2> /dev/null | head -1; }
+# (one line a tag: the README's `-t` gives each image a second name; sed reads them all, where
+# `head -1` could leave buildah to die of SIGPIPE, which pipefail and set -e made a silent exit)
+image_id() { "${B[@]}" images --noheading --no-trunc --format '{{.ID}}' "$1" 2> /dev/null | sed -n 1p; }
 
 # ---------------------------------------------------------------------------------------------
 # base images: docker.io/library/debian:trixie and :trixie-slim
