@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::bed::{Bed, mounts, wait_for};
 use crate::cluster::{
-    NODE, RES, account_token, allocatable, api_error, api_message, apply, client, client_of,
+    NODE, RES, account_token, allocatable_is, api_error, api_message, apply, client, client_of,
     create_namespace, daemonset_rolled_out, delete_namespace, gpu_pod, guide, kubectl,
     kubectl_exec, label, pod_ready, pods_report, readme_line, token_kubeconfig, wait_object,
 };
@@ -412,7 +412,7 @@ pub async fn chart_install(bed: &Bed) -> Result<()> {
             .await
         );
     }
-    let four = |n: Option<&Node>| allocatable(n).as_deref() == Some("4");
+    let four = allocatable_is("4");
     let what = format!("allocatable {RES} = 4 with the chart's agent");
     let node = wait_object(&nodes, NODE, 60, &what, four).await?;
     // the workers' too: `helm test`'s doctor may run on any of them and checks its node's

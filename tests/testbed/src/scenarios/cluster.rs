@@ -93,6 +93,11 @@ pub(crate) fn allocatable(n: Option<&Node>) -> Option<String> {
     )
 }
 
+/// The node's allocatable GPUs (`nvidia.com/gpu`) are `count`.
+pub(crate) fn allocatable_is(count: &'static str) -> impl Condition<Node> + Copy {
+    move |n: Option<&Node>| allocatable(n).as_deref() == Some(count)
+}
+
 /// The node becomes Ready, with the kubelet of the version built.
 pub async fn node_ready(bed: &Bed) -> Result<()> {
     let nodes: Api<Node> = Api::all(client().await?);
@@ -520,7 +525,7 @@ pub async fn pod_daemonset_exec(bed: &Bed) -> Result<()> {
 pub async fn dp_registered(bed: &Bed) -> Result<()> {
     let nodes: Api<Node> = Api::all(client().await?);
     let t = Instant::now();
-    let four = |n: Option<&Node>| allocatable(n).as_deref() == Some("4");
+    let four = allocatable_is("4");
     let node = wait_object(&nodes, NODE, 60, &format!("allocatable {RES} = 4"), four)
         .await
         .map_err(|e| anyhow::anyhow!("{e}\n{}", bed.log_tails(&["agent.log"], 10)))?;
@@ -598,7 +603,7 @@ pub async fn dp_failed_gpu(bed: &Bed) -> Result<()> {
     let nodes: Api<Node> = Api::all(client().await?);
     write_profile(bed, 4, Some("failed_gpus: [3]"))?;
     let t = Instant::now();
-    let three = |n: Option<&Node>| allocatable(n).as_deref() == Some("3");
+    let three = allocatable_is("3");
     let node = wait_object(
         &nodes,
         NODE,
@@ -620,7 +625,7 @@ pub async fn dp_failed_gpu(bed: &Bed) -> Result<()> {
         cap.as_deref() == Some("4"),
         "capacity {RES} is {cap:?}, want 4 (the failed GPU stays listed)"
     );
-    let four = |n: Option<&Node>| allocatable(n).as_deref() == Some("4");
+    let four = allocatable_is("4");
     wait_object(
         &nodes,
         NODE,

@@ -17,8 +17,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::bed::{Bed, wait_for};
 use crate::cluster::{
-    NODE, RES, allocatable, api_message, client, create_namespace, delete_namespace, gpu_pod, helm,
-    kubectl, kubectl_command, kubectl_exec, pod_ready, pods_report, wait_object,
+    NODE, RES, allocatable_is, api_message, client, create_namespace, delete_namespace, gpu_pod,
+    helm, kubectl, kubectl_command, kubectl_exec, pod_ready, pods_report, wait_object,
 };
 use crate::node::ms;
 use crate::slinky;
@@ -204,7 +204,7 @@ async fn faults_on_node0(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> 
     inject(faults, "xid79", NODE, Fault::xid(LOST, 79)).await?;
     let m = wait_applied(faults, "xid79", "True").await?;
     println!("  GpuFault xid79 (node0, GPU 1, Xid 79): Applied ({m})");
-    let three = |n: Option<&Node>| allocatable(n).as_deref() == Some("3");
+    let three = allocatable_is("3");
     wait_object(&nodes, NODE, 60, &format!("allocatable {RES} = 3"), three).await?;
     bed.timing(
         "fault-allocatable",
@@ -303,7 +303,7 @@ async fn faults_on_node0(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> 
         "nvidia-smi -q -i 3 with thermal slowdown:\n{q3}"
     );
     // ECC double-bit errors make GPU 2 unhealthy too
-    let two = |n: Option<&Node>| allocatable(n).as_deref() == Some("2");
+    let two = allocatable_is("2");
     wait_object(
         &nodes,
         NODE,
@@ -343,7 +343,7 @@ async fn faults_on_node0(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> 
     // cleared: all back
     let t = Instant::now();
     clear(faults).await?;
-    let four = |n: Option<&Node>| allocatable(n).as_deref() == Some("4");
+    let four = allocatable_is("4");
     wait_object(
         &nodes,
         NODE,

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::bed::{Bed, wait_for};
 use crate::cluster::{
-    DP_NS, GPU_NS, NODE, RES, account_token, allocatable, api_error, api_message, apply_crd,
+    DP_NS, GPU_NS, NODE, RES, account_token, allocatable_is, api_error, api_message, apply_crd,
     chart_rbac, client, client_of, kubectl, kubectl_exec, token_kubeconfig, wait_deleted,
     wait_object,
 };
@@ -280,7 +280,7 @@ async fn start_reporting_agent(bed: &Bed) -> Result<()> {
     bed.wait_agent_ready(n0, "the agent with credentials to be ready")
         .await?;
     let nodes: Api<Node> = Api::all(client().await?);
-    let four = |n: Option<&Node>| allocatable(n).as_deref() == Some("4");
+    let four = allocatable_is("4");
     let what = format!("allocatable {RES} = 4 after the agent's restart");
     wait_object(&nodes, NODE, 60, &what, four).await?;
     Ok(())

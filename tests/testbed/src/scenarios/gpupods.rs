@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::bed::{Bed, Ctr, wait_for};
 use crate::cluster::{
-    DP_NS, GPU_NS, NODE, RES, allocatable, client, create_namespace, gpu_pod, kubectl_exec,
+    DP_NS, GPU_NS, NODE, RES, allocatable_is, client, create_namespace, gpu_pod, kubectl_exec,
     node_condition, pod_ready, sleeper, wait_object,
 };
 use crate::node::{ALL_MINORS, assert_injected, assert_untouched, gpu_uuids};
@@ -233,8 +233,7 @@ pub async fn dp_kubelet_restart(bed: &Bed) -> Result<()> {
     );
     let client = client().await?;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let four =
-        |n: Option<&k8s_openapi::api::core::v1::Node>| allocatable(n).as_deref() == Some("4");
+    let four = allocatable_is("4");
     wait_object(
         &nodes,
         NODE,
