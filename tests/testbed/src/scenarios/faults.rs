@@ -18,7 +18,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use crate::bed::{Bed, wait_for};
 use crate::cluster::{
     NODE, RES, allocatable_is, api_message, client, create_namespace, delete_namespace, gpu_pod,
-    helm, kubectl, kubectl_command, kubectl_exec, pod_ready, pods_report, wait_object,
+    helm, kubectl, kubectl_command, kubectl_exec, node_condition, pod_ready, pods_report,
+    wait_object,
 };
 use crate::node::ms;
 use crate::slinky;
@@ -234,7 +235,7 @@ async fn faults_on_node0(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> 
         NODE,
         60,
         &format!("condition {CONDITION}=True"),
-        |n: Option<&Node>| problem(n).is_some_and(|(s, _, _)| s == "True"),
+        node_condition(CONDITION, "True"),
     )
     .await?;
     let (_, reason, message) = problem(Some(&n)).unwrap_or_default();
@@ -357,7 +358,7 @@ async fn faults_on_node0(bed: &Bed, client: &Client, faults: &Api<GpuFault>) -> 
         NODE,
         60,
         &format!("condition {CONDITION}=False"),
-        |n: Option<&Node>| problem(n).is_some_and(|(s, _, _)| s == "False"),
+        node_condition(CONDITION, "False"),
     )
     .await?;
     wait_object(
