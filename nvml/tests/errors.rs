@@ -8,9 +8,7 @@ use std::os::fd::AsRawFd;
 use std::ptr::{null, null_mut};
 use std::time::{Duration, Instant};
 
-use common::{Nvml, Rendered, set_root, text};
-
-type Dev = *mut c_void;
+use common::{Dev, EventData, Nvml, Rendered, set_root, text};
 
 const UNINITIALIZED: u32 = 1;
 const INVALID_ARGUMENT: u32 = 2;
@@ -241,15 +239,6 @@ fn clocks_set_and_reset_as_slurm_does() {
     assert_eq!(current(d, 1, &mut mhz), 0);
     assert_eq!(mhz, n.graphics_mhz[2]);
     assert_eq!(nvml!(nv, nvmlShutdown())(), 0);
-}
-
-#[repr(C)]
-struct EventData {
-    device: Dev,
-    event_type: u64,
-    event_data: u64,
-    gpu_instance_id: u32,
-    compute_instance_id: u32,
 }
 
 #[test]

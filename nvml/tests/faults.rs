@@ -9,11 +9,9 @@ use std::path::Path;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
-use common::{Nvml, PciInfo, Rendered, set_root, text};
+use common::{Dev, EventData, Nvml, PciInfo, Rendered, set_root, text};
 use mockgpu_api::BusId;
 use mockgpu_api::fault::{Fault, FaultKind, XID_LOG_FILE, Xid};
-
-type Dev = *mut c_void;
 
 const INVALID_ARGUMENT: u32 = 2;
 const TIMEOUT: u32 = 10;
@@ -293,17 +291,6 @@ fn a_link_down_is_disabled() {
         [1, 0, 1, 1]
     );
     assert_eq!(nvml!(nv, nvmlShutdown())(), 0);
-}
-
-/// `nvmlEventData_t`.
-#[repr(C)]
-#[derive(Debug)]
-struct EventData {
-    device: Dev,
-    event_type: u64,
-    event_data: u64,
-    gpu_instance_id: u32,
-    compute_instance_id: u32,
 }
 
 /// Replaces the Xid log at once (write and rename), as a reader must never see it half written.

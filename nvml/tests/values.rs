@@ -3,15 +3,13 @@
 
 mod common;
 
-use std::ffi::{c_char, c_ulong, c_void};
+use std::ffi::{c_char, c_ulong};
 use std::ptr::null_mut;
 
-use common::{Nvml, PciInfo, Rendered, set_root, text};
+use common::{Dev, Nvml, PciInfo, Rendered, set_root, text};
 use mockgpu_api::nvml::{
     bar1_bytes, nvlink_remotes, serial, supported_graphics_clocks, uuid_bytes,
 };
-
-type Dev = *mut c_void;
 
 #[repr(C)]
 #[derive(Default)]

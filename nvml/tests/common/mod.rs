@@ -50,6 +50,20 @@ pub fn cargo_build(args: &[&str]) -> PathBuf {
 /// The library, loaded once per test binary.
 pub struct Nvml(*mut c_void);
 
+/// An `nvmlDevice_t`.
+pub type Dev = *mut c_void;
+
+/// `nvmlEventData_t`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct EventData {
+    pub device: Dev,
+    pub event_type: u64,
+    pub event_data: u64,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+}
+
 /// `nvmlPciInfo_t`.
 #[repr(C)]
 #[derive(Default)]
