@@ -1,7 +1,8 @@
 //! Builds the files the agent carries, so that no separate artifact has to be found: `exec` and
 //! `serve` install them from the agent's own binary. They are `libmockfs.so` (the `mockfs-shim`
-//! package), and `libnvidia-ml.so.1` and `nvidia-smi` (the `mockgpu-nvml` package). Also generates the kubelet
-//! device plugin API's gRPC code from `proto/deviceplugin.proto`.
+//! package), and `libnvidia-ml.so.1` and `nvidia-smi` (the `mockgpu-nvml` package). Also generates the gRPC
+//! code of the kubelet APIs the agent serves: the device plugin API, plugin registration and the
+//! DRA plugin API (`proto/*.proto`).
 //!
 //! One nested cargo builds them in release mode into its own target directory under `OUT_DIR` (a
 //! different directory than the outer build's, so the two never wait on each other), for the
@@ -38,20 +39,25 @@ const CARRIED: [Package; 2] = [
 ];
 
 fn main() {
-    device_plugin_api();
+    kubelet_apis();
     carried();
 }
-/// Compiles the device plugin `.proto` with protox (a protobuf compiler written in Rust, so a
-/// machine without `protoc` builds the agent) and generates its messages and services.
-fn device_plugin_api() {
-    let proto = "proto/deviceplugin.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let descriptors =
-        protox::compile([proto], ["proto"]).expect("compiling proto/deviceplugin.proto");
+/// Compiles the kubelet APIs' `.proto` files with protox (a protobuf compiler written in Rust, so
+/// a machine without `protoc` builds the agent) and generates their messages and services.
+fn kubelet_apis() {
+    let protos = [
+        "proto/deviceplugin.proto",
+        "proto/pluginregistration.proto",
+        "proto/dra.proto",
+    ];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let descriptors = protox::compile(protos, ["proto"]).expect("compiling proto/*.proto");
     tonic_prost_build::configure()
         .build_transport(false)
         .compile_fds(descriptors)
-        .expect("generating the device plugin API code");
+        .expect("generating the kubelet APIs' code");
 }
 
 /// Builds the carried packages and tells the agent's code where their files are.

@@ -164,6 +164,10 @@ pub struct GpuNodeStatus {
     /// GPUs the faults leave unhealthy ([`crate::GpuState::healthy`]).
     #[serde(default)]
     pub unhealthy_gpus: u32,
+    /// The ResourceClaims the agent's DRA driver prepared on the node.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub claims: Vec<PreparedClaim>,
     /// `Ready` (agent), `Stale`, `Drifted`, `InjectionMissing` (controller).
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -188,6 +192,31 @@ pub struct GpuNodeFault {
     pub xid: Option<u32>,
     /// In words ([`crate::Fault::describe`]).
     pub message: String,
+}
+
+/// A ResourceClaim prepared on the node by the agent's DRA driver.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedClaim {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// The claim's UID.
+    pub uid: String,
+    /// The driver (`gpu.nvidia.com` or `compute-domain.nvidia.com`).
+    pub driver: String,
+    /// The devices of the driver's pool that the claim holds (`gpu-0`, `channel-0`).
+    pub devices: Vec<String>,
+    /// The UUIDs of the GPUs it holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
+    /// The ComputeDomain (UID) whose channels it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// The IMEX channels it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channels: Option<u32>,
 }
 
 /// A container holding GPUs.

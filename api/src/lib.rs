@@ -6,6 +6,7 @@
 mod busid;
 mod cpuset;
 pub mod devices;
+pub mod dra;
 pub mod driver;
 pub mod fault;
 pub mod gpunode;
@@ -20,7 +21,9 @@ pub use cpuset::{CpuListError, CpuSet, MAX_CPUS};
 pub use devices::{DeviceNode, DeviceNumbers, DevicesError, ProcDevices};
 pub use driver::{DriverFiles, DriverGpu, TreeError};
 pub use fault::{Fault, FaultKind, GpuFault, GpuFaultSpec, GpuState};
-pub use gpunode::{GpuNode, GpuNodeFault, GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Mode, Pinning};
+pub use gpunode::{
+    GpuNode, GpuNodeFault, GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Mode, Pinning, PreparedClaim,
+};
 pub use information::{Information, InformationError};
 pub use layout::{Layout, LayoutError};
 pub use profile::{Arch, DriverVersion, Profile, ProfileError, ProfileSpec};
