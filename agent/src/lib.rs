@@ -6,6 +6,7 @@
 mod carried;
 pub mod device_plugin;
 pub mod doctor;
+pub mod dra;
 pub mod exec;
 pub mod faults;
 pub mod fuse;

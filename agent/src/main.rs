@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use mockgpu_agent::dra::Driver;
 use mockgpu_agent::output;
 use mockgpu_agent::profile::{self, ProfileSource};
 use mockgpu_agent::serve::{self, ServeConfig};
@@ -286,9 +287,22 @@ struct ServeArgs {
     /// The device plugin's resource name.
     #[arg(long, env = "MOCKGPU_RESOURCE_NAME", default_value = mockgpu_agent::device_plugin::DEFAULT_RESOURCE)]
     resource_name: String,
-    /// The kubelet's root directory (its device-plugins/ holds the registration socket).
+    /// The kubelet's root directory (its device-plugins/ holds the device plugin's registration
+    /// socket, plugins_registry/ and plugins/ the DRA driver's).
     #[arg(long, env = "MOCKGPU_KUBELET_DIR", default_value = mockgpu_agent::device_plugin::DEFAULT_KUBELET_DIR)]
     kubelet_dir: PathBuf,
+    /// Serve the GPUs through DRA as NVIDIA's driver `gpu.nvidia.com` does: a ResourceSlice with
+    /// a device per GPU, claims prepared through CDI. Needs an API server; not with
+    /// --device-plugin.
+    #[arg(long, env = "MOCKGPU_DRA_GPUS", conflicts_with = "device_plugin")]
+    dra_gpus: bool,
+    /// Serve IMEX channels through DRA as NVIDIA's driver `compute-domain.nvidia.com` does, for
+    /// ComputeDomains' channel claims. Needs an API server; works beside either GPU plugin.
+    #[arg(long, env = "MOCKGPU_DRA_COMPUTE_DOMAINS")]
+    dra_compute_domains: bool,
+    /// Where the DRA driver writes its CDI specs (the runtime's CDI spec directory).
+    #[arg(long, env = "MOCKGPU_CDI_DIR", default_value = mockgpu_agent::dra::DEFAULT_CDI_DIR)]
+    cdi_dir: PathBuf,
     /// Report this node's GpuNode to the API server: auto (when in a cluster or a kubeconfig is
     /// present) or off.
     #[arg(long, env = "MOCKGPU_REPORT", value_enum, default_value_t = Report::Auto)]
@@ -628,6 +642,26 @@ fn serve(args: ServeArgs) -> Result<()> {
             credentials,
         }),
     };
+    let drivers: Vec<Driver> = [
+        (args.dra_gpus, Driver::Gpu),
+        (args.dra_compute_domains, Driver::Channel),
+    ]
+    .into_iter()
+    .filter_map(|(on, driver)| on.then_some(driver))
+    .collect();
+    let dra = if drivers.is_empty() {
+        None
+    } else if report.is_none() {
+        anyhow::bail!(
+            "--dra-gpus and --dra-compute-domains need an API server (in a cluster, or with --kubeconfig) and --report auto: the DRA driver publishes ResourceSlices and reads ResourceClaims"
+        );
+    } else {
+        Some(mockgpu_agent::dra::Config::new(
+            drivers,
+            &args.kubelet_dir,
+            &args.cdi_dir,
+        )?)
+    };
     let cfg = ServeConfig {
         profile: profile_source(&args.profile),
         node_name,
@@ -638,6 +672,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         reload_interval: std::time::Duration::from_secs_f64(args.reload_interval),
         nri,
         device_plugin,
+        dra,
         report,
         keeper: match args.keeper {
             KeeperMode::Auto => Some(mockgpu_agent::keeper::DataPath::Auto),

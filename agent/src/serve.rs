@@ -27,7 +27,7 @@ use crate::fuse::{Mounted, TreeHandle};
 use crate::node::{self, SetupError};
 use crate::profile::{self, LoadError, ProfileSource};
 use crate::tree::Tree;
-use crate::{device_plugin, real, report};
+use crate::{device_plugin, dra, real, report};
 
 /// Errors of `serve`.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +55,9 @@ pub enum ServeError {
     /// The device plugin failed (its kubelet checkpoint unreadable, device nodes not made).
     #[error(transparent)]
     DevicePlugin(#[from] device_plugin::DevicePluginError),
+    /// The DRA driver failed.
+    #[error(transparent)]
+    Dra(#[from] dra::DraError),
     /// A thread of the agent could not be started.
     #[error("cannot start the {name} thread: {source}")]
     Thread {
@@ -92,6 +95,8 @@ pub struct ServeConfig {
     pub nri: Option<mockgpu_nri::Config>,
     /// The kubelet device plugin's settings, when enabled.
     pub device_plugin: Option<device_plugin::Config>,
+    /// The DRA driver's settings, when enabled (it needs `report`'s API server).
+    pub dra: Option<dra::Config>,
     /// The GpuNode reporter's settings, when an API server is configured.
     pub report: Option<report::Config>,
     /// Serve through the keeper (started when none runs, with this data path), which holds the
@@ -327,8 +332,8 @@ struct Agent {
     stop: CancellationToken,
     /// The tasks waited for when stopping.
     tasks: JoinSet<Ended>,
-    /// Cancelled when the device plugin task ends (never without one).
-    device_plugin_ended: CancellationToken,
+    /// Cancelled when the device plugin's or the DRA driver's task ends (never without one).
+    kubelet_plugin_ended: CancellationToken,
 }
 
 /// How a task of [`Agent::tasks`] ended.
@@ -337,12 +342,13 @@ enum Ended {
     GpuFaults,
     Nri(Result<(), mockgpu_nri::Error>),
     DevicePlugin(Result<(), device_plugin::DevicePluginError>),
+    Dra(Result<(), dra::DraError>),
 }
 
 /// Why the agent stops.
 enum End {
     Shutdown,
-    DevicePluginEnded,
+    KubeletPluginEnded,
     KeeperLost,
 }
 
@@ -369,7 +375,7 @@ impl Agent {
             state: Arc::new(AgentState::default()),
             stop: CancellationToken::new(),
             tasks: JoinSet::new(),
-            device_plugin_ended: CancellationToken::new(),
+            kubelet_plugin_ended: CancellationToken::new(),
         }
     }
 
@@ -429,7 +435,7 @@ impl Agent {
         let reporter = self.cfg.report.clone().map(|r| {
             let served = watch::channel(Some(report::RealGpus(gpus.clone()))).1;
             let stop = self.stop.clone().cancelled_owned();
-            report::start(r, served, (None, None), None, stop)
+            report::start(r, served, (None, None, None), None, stop)
         });
         for g in &gpus {
             tracing::info!(bus_id = %g.gpu.bus_id, model = %g.information.model, uuid = %g.gpu.uuid, minor = g.gpu.minor, cpus = %g.gpu.cpus.to_list(), "real GPU");
@@ -438,8 +444,8 @@ impl Agent {
             count = gpus.len(),
             "real NVIDIA driver found: mocking nothing, reporting only"
         );
-        if self.cfg.device_plugin.is_some() {
-            tracing::warn!("device plugin not started: this node has real GPUs");
+        if self.cfg.device_plugin.is_some() || self.cfg.dra.is_some() {
+            tracing::warn!("device plugin and DRA driver not started: this node has real GPUs");
         }
         shutdown.await;
         self.stop.cancel();
@@ -468,6 +474,12 @@ impl Agent {
             });
             plugin
         });
+        // The DRA driver's prepared claims (kept across restarts), for it and the reporter.
+        let prepared = self
+            .cfg
+            .dra
+            .as_ref()
+            .map(|c| Arc::new(dra::Prepared::load(&c.checkpoint())));
         // The device plugin tells the reporter whether it serves or stands down for another
         // plugin.
         let (standing_tx, standing_rx) = watch::channel(device_plugin::Standing::default());
@@ -476,7 +488,8 @@ impl Agent {
             let standing = self.cfg.device_plugin.is_some().then_some(standing_rx);
             let stop = self.stop.clone().cancelled_owned();
             let faults = Some(self.state.faults.subscribe());
-            report::start(r, served, (Some(report_rx), faults), standing, stop)
+            let claims = prepared.as_ref().map(|p| p.subscribe());
+            report::start(r, served, (Some(report_rx), faults, claims), standing, stop)
         });
         // With an API server, the GpuFaults naming this node are applied with the local faults.
         if let Some(r) = self.cfg.report.clone() {
@@ -499,14 +512,28 @@ impl Agent {
             let topology = self.state.published.subscribe();
             let faults = self.state.faults.subscribe();
             let stop = self.stop.clone().cancelled_owned();
-            // cancels `device_plugin_ended` when the task ends, by a panic too
-            let ended = self.device_plugin_ended.clone().drop_guard();
+            // cancels `kubelet_plugin_ended` when the task ends, by a panic too
+            let ended = self.kubelet_plugin_ended.clone().drop_guard();
             self.tasks.spawn(async move {
                 let _ended = ended;
                 let (sys, metrics) = (crate::sys::Linux, device_plugin_metrics);
                 let run =
                     device_plugin::run(config, sys, topology, faults, metrics, standing_tx, stop);
                 Ended::DevicePlugin(run.await)
+            });
+        }
+        // The DRA driver publishes the slices at once and prepares claims once the tree is up.
+        if let (Some(config), Some(r), Some(prepared)) =
+            (self.cfg.dra.clone(), self.cfg.report.clone(), prepared)
+        {
+            let topology = self.state.published.subscribe();
+            let faults = self.state.faults.subscribe();
+            let stop = self.stop.clone().cancelled_owned();
+            let ended = self.kubelet_plugin_ended.clone().drop_guard();
+            self.tasks.spawn(async move {
+                let _ended = ended;
+                let run = dra::run(config, r.credentials, r.node_name, topology, faults, prepared, stop);
+                Ended::Dra(run.await)
             });
         }
         reporter
@@ -564,7 +591,7 @@ impl Agent {
             () = shutdown => End::Shutdown,
             // A device plugin that fails (an unreadable kubelet checkpoint, device nodes it
             // cannot make) ends the agent; one that stands down for another plugin does not.
-            () = self.device_plugin_ended.cancelled() => End::DevicePluginEnded,
+            () = self.kubelet_plugin_ended.cancelled() => End::KubeletPluginEnded,
             () = keeper_gone => End::KeeperLost,
         }
     }
@@ -613,6 +640,7 @@ impl Agent {
                     tracing::warn!(error = %e, "NRI plugin ended with an error");
                 }
                 Ok(Ended::DevicePlugin(Err(e))) => device_plugin = Err(e.into()),
+                Ok(Ended::Dra(Err(e))) => device_plugin = Err(e.into()),
                 _ => {}
             }
         }

@@ -415,12 +415,14 @@ run_cluster_scenarios() {
   else log "slinky-slurm: left out: the node root has Slurm $(innode slurmd -V | awk '{print $2}'), Slinky's operator supports 25.11 and later (SUITE=sid has 26.05)"; fi
   sstep chart-install rust_scenario chart-install
   sstep chart-gpu-faults rust_scenario chart-gpu-faults
+  sstep chart-dra rust_scenario chart-dra
   # (Slurm 24.11's dynamic nodes ignore autodetected GPUs that their --conf does not name: the
   # Slinky shape needs 25.11 or later there too)
   if slinky_supported; then
     sstep chart-slinky-remediation rust_scenario chart-slinky-remediation
     sstep chart-slinky-gpu-drain rust_scenario chart-slinky-gpu-drain
-  else log "chart-slinky-remediation, chart-slinky-gpu-drain: left out: Slurm $(innode slurmd -V | awk '{print $2}') ignores the GPUs a dynamic node autodetects (SUITE=sid has 26.05)"; fi
+    sstep chart-slinky-imex rust_scenario chart-slinky-imex
+  else log "chart-slinky-remediation, chart-slinky-gpu-drain, chart-slinky-imex: left out: Slurm $(innode slurmd -V | awk '{print $2}') ignores the GPUs a dynamic node autodetects (SUITE=sid has 26.05)"; fi
   sstep chart-uninstall rust_scenario chart-uninstall
 }
 

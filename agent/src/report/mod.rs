@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use mockgpu_api::gpunode::{GpuNode, GpuNodeStatus};
+use mockgpu_api::gpunode::{GpuNode, GpuNodeStatus, PreparedClaim};
 use mockgpu_nri::PinningEvent;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -105,7 +105,7 @@ fn random_unit() -> f64 {
 /// The status agent `instance` reports now, with `previous` as its base.
 fn agent_status(
     instance: &str,
-    (pinning, faults): (&PinningMap, &FaultReport),
+    (pinning, faults, claims): (&PinningMap, &FaultReport, &[PreparedClaim]),
     hash: &str,
     readiness: &Readiness,
     standing: Option<&Standing>,
@@ -115,6 +115,7 @@ fn agent_status(
     let version = env!("CARGO_PKG_VERSION");
     let mut status = status::status(hash, readiness, standing, pinning, previous, version, &now);
     status::with_faults(&mut status, faults);
+    status.claims = claims.to_vec();
     status.agent_instance = Some(instance.to_string());
     status
 }
@@ -137,6 +138,8 @@ struct Reporter<A> {
     standing: Option<Standing>,
     /// The GPU faults applied.
     faults: FaultReport,
+    /// The claims the DRA driver prepared.
+    claims: Vec<PreparedClaim>,
     known: Option<Known>,
     reported_once: bool,
 }
@@ -185,7 +188,7 @@ impl<A: GpuNodes> Reporter<A> {
         known.object_uid = Some(uid);
         let status = agent_status(
             &self.instance,
-            (&self.pinning, &self.faults),
+            (&self.pinning, &self.faults, &self.claims),
             &hash,
             readiness,
             self.standing.as_ref(),
@@ -224,7 +227,7 @@ impl<A: GpuNodes> Reporter<A> {
         let hash = served.spec(&self.node_name).topology_hash;
         let status = agent_status(
             &self.instance,
-            (&self.pinning, &self.faults),
+            (&self.pinning, &self.faults, &self.claims),
             &hash,
             &status::stopped(),
             self.standing.as_ref(),
@@ -238,15 +241,13 @@ impl<A: GpuNodes> Reporter<A> {
 
 /// Reports `served`'s GpuNode through `api` until `stop` completes, then reports `Ready` False
 /// (if it has reported at all). `served` is `None` until the GPUs are served; `pinning` is
-/// `None` without an NRI plugin, `standing` without a device plugin, `faults` in real mode.
+/// `None` without an NRI plugin, `standing` without a device plugin, `faults` in real mode,
+/// `claims` without a DRA driver.
 pub async fn run<A: GpuNodes, S: Served>(
     api: A,
     config: &Config,
     mut served: watch::Receiver<Option<S>>,
-    (mut pinning, mut faults): (
-        Option<mpsc::UnboundedReceiver<PinningEvent>>,
-        Option<watch::Receiver<FaultReport>>,
-    ),
+    (mut pinning, mut faults, mut claims): Inputs,
     mut standing: Option<watch::Receiver<Standing>>,
     stop: impl Future<Output = ()>,
 ) {
@@ -260,6 +261,10 @@ pub async fn run<A: GpuNodes, S: Served>(
         faults: faults
             .as_mut()
             .map(|f| f.borrow_and_update().clone())
+            .unwrap_or_default(),
+        claims: claims
+            .as_mut()
+            .map(|c| c.borrow_and_update().clone())
             .unwrap_or_default(),
         known: None,
         reported_once: false,
@@ -303,15 +308,21 @@ pub async fn run<A: GpuNodes, S: Served>(
                 }
                 None
             }
-            changed = async { faults.as_mut().expect("guarded").changed().await }, if faults.is_some() => {
-                match changed {
-                    Ok(()) => {
-                        reporter.faults = faults.as_mut().map(|f| f.borrow_and_update().clone()).unwrap_or_default();
-                        if failures == 0 {
-                            next = next.min(Instant::now() + DEBOUNCE);
-                        }
+            value = next_value(&mut faults), if faults.is_some() => {
+                if let Some(value) = value {
+                    reporter.faults = value;
+                    if failures == 0 {
+                        next = next.min(Instant::now() + DEBOUNCE);
                     }
-                    Err(_) => faults = None,
+                }
+                None
+            }
+            value = next_value(&mut claims), if claims.is_some() => {
+                if let Some(value) = value {
+                    reporter.claims = value;
+                    if failures == 0 {
+                        next = next.min(Instant::now() + DEBOUNCE);
+                    }
                 }
                 None
             }
@@ -353,14 +364,31 @@ pub async fn run<A: GpuNodes, S: Served>(
     }
 }
 
+/// The next value of `rx` once it changes; `None` (and `rx` dropped) when its sender is gone.
+async fn next_value<T: Clone>(rx: &mut Option<watch::Receiver<T>>) -> Option<T> {
+    let changed = rx.as_mut()?.changed().await;
+    match changed {
+        Ok(()) => rx.as_mut().map(|r| r.borrow_and_update().clone()),
+        Err(_) => {
+            *rx = None;
+            None
+        }
+    }
+}
+
+/// What the reporter follows besides the served GPUs: the NRI plugin's pinning events, the
+/// faults applied and the DRA driver's prepared claims.
+pub type Inputs = (
+    Option<mpsc::UnboundedReceiver<PinningEvent>>,
+    Option<watch::Receiver<FaultReport>>,
+    Option<watch::Receiver<Vec<PreparedClaim>>>,
+);
+
 /// Starts the reporter for `served` with the API server of `config`.
 pub fn start<S: Served>(
     config: Config,
     served: watch::Receiver<Option<S>>,
-    inputs: (
-        Option<mpsc::UnboundedReceiver<PinningEvent>>,
-        Option<watch::Receiver<FaultReport>>,
-    ),
+    inputs: Inputs,
     standing: Option<watch::Receiver<Standing>>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {

@@ -302,6 +302,8 @@ pub fn status(
         // filled in by `with_faults`
         faults: Vec::new(),
         unhealthy_gpus: 0,
+        // filled in by the reporter
+        claims: Vec::new(),
     }
 }
 

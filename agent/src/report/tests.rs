@@ -178,6 +178,7 @@ struct Running {
     pinning: UnboundedSender<PinningEvent>,
     standing: watch::Sender<Standing>,
     faults: watch::Sender<FaultReport>,
+    claims: watch::Sender<Vec<PreparedClaim>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -187,6 +188,7 @@ fn start_with(fake: Fake, calls: Calls, served: Option<NodeTopology>) -> Running
     let (pin_tx, pin_rx) = unbounded_channel();
     let (standing_tx, standing_rx) = watch::channel(Standing::Starting);
     let (faults_tx, faults_rx) = watch::channel(FaultReport::default());
+    let (claims_tx, claims_rx) = watch::channel(Vec::new());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let api = fake.clone();
     let task = tokio::spawn(async move {
@@ -197,7 +199,7 @@ fn start_with(fake: Fake, calls: Calls, served: Option<NodeTopology>) -> Running
             api,
             &config(),
             served_rx,
-            (Some(pin_rx), Some(faults_rx)),
+            (Some(pin_rx), Some(faults_rx), Some(claims_rx)),
             Some(standing_rx),
             stop,
         )
@@ -210,6 +212,7 @@ fn start_with(fake: Fake, calls: Calls, served: Option<NodeTopology>) -> Running
         pinning: pin_tx,
         standing: standing_tx,
         faults: faults_tx,
+        claims: claims_tx,
         stop: Some(stop_tx),
         task,
     }
@@ -462,6 +465,35 @@ async fn faults_are_reported_within_the_debounce() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn prepared_claims_are_reported_within_the_debounce() {
+    let topo = topology("gb300");
+    let mut r = start(Some(topo.clone()));
+    let (_, s) = r.next_status().await;
+    assert!(s.claims.is_empty());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let t0 = Instant::now();
+    let claim = PreparedClaim {
+        namespace: "ns".into(),
+        name: "two".into(),
+        uid: "u-1".into(),
+        driver: "gpu.nvidia.com".into(),
+        devices: vec!["gpu-0".into(), "gpu-2".into()],
+        gpus: vec![topo.gpus[0].uuid.clone(), topo.gpus[2].uuid.clone()],
+        domain: None,
+        channels: None,
+    };
+    r.claims.send_replace(vec![claim.clone()]);
+    let (t, s) = r.next_status().await;
+    assert_eq!(t - t0, DEBOUNCE, "not only at the next heartbeat");
+    assert_eq!(s.claims, [claim]);
+    // unprepared
+    r.claims.send_replace(Vec::new());
+    let (_, s) = r.next_status().await;
+    assert!(s.claims.is_empty());
+    r.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_pinning_change_is_reported_within_the_debounce() {
     let topo = topology("gb300");
     let uuids: Vec<String> = topo.gpus.iter().map(|g| g.uuid.clone()).collect();
@@ -609,7 +641,7 @@ async fn real_gpus_are_reported_as_real() {
     drop(_tx);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        run(fake, &config(), rx, (None, None), None, async move {
+        run(fake, &config(), rx, (None, None, None), None, async move {
             let _ = stop_rx.await;
         })
         .await;

@@ -588,9 +588,9 @@ async fn remediation(bed: &Bed, client: &Client) -> Result<()> {
         println!("  GpuNode {name}: {}", uuids.join(" "));
         seen.extend(uuids);
     }
-    slinky::controller_up(client, bed, "nvidia", false).await?;
+    slinky::controller_up(client, bed, "nvidia", false, "").await?;
     slinky::restapi_up(client).await?;
-    let took = slinky::nodeset_up(client, &names, false).await?;
+    let took = slinky::nodeset_up(client, &names, false, None).await?;
     bed.timing(
         "chart-slinky-slurmd-idle",
         &format!("{} ms ({} nodes)", ms(took), names.len()),

@@ -11,6 +11,7 @@ mod bed;
 mod chart;
 mod cluster;
 mod controller;
+mod dra;
 mod faults;
 mod gpunode;
 mod gpupods;
@@ -75,8 +76,10 @@ const SCENARIOS: &[&str] = &[
     "slinky-slurm",
     "chart-install",
     "chart-gpu-faults",
+    "chart-dra",
     "chart-slinky-remediation",
     "chart-slinky-gpu-drain",
+    "chart-slinky-imex",
     "chart-uninstall",
     "cluster-isolation",
 ];
@@ -124,6 +127,8 @@ async fn scenario(name: &str, bed: &Bed) -> Result<()> {
         "chart-install" => chart::chart_install(bed).await,
         "chart-slinky-remediation" => chart::chart_slinky_remediation(bed).await,
         "chart-gpu-faults" => faults::chart_gpu_faults(bed).await,
+        "chart-dra" => dra::chart_dra(bed).await,
+        "chart-slinky-imex" => dra::chart_slinky_imex(bed).await,
         "chart-slinky-gpu-drain" => faults::chart_slinky_gpu_drain(bed).await,
         "chart-uninstall" => chart::chart_uninstall(bed).await,
         "crd-admission-policy" => apiserver::crd_admission_policy(bed).await,

@@ -316,13 +316,15 @@ async fn services_up(client: &Client) -> Result<()> {
 }
 
 /// The slurm.key and JWT key Secrets, the config ConfigMap (gres.conf `AutoDetect=<autodetect>`,
-/// cgroup.conf), the operator's Services, the slurmctld pod as the operator's StatefulSet runs it
+/// cgroup.conf; `extra` lines appended to slurm.conf, as the chart's `extraConfMap`), the
+/// operator's Services, the slurmctld pod as the operator's StatefulSet runs it
 /// (uid, gid and fsGroup 401, runAsNonRoot); returns once slurmctld answers.
 pub(crate) async fn controller_up(
     client: &Client,
     bed: &Bed,
     autodetect: &str,
     constrain: bool,
+    extra: &str,
 ) -> Result<()> {
     let cgroup = cgroup_conf(bed, constrain)?;
     create_namespace(client, SLINKY_NS).await?;
@@ -336,7 +338,7 @@ pub(crate) async fn controller_up(
     let config = ConfigMap {
         metadata: meta("slurm-config"),
         data: Some(BTreeMap::from([
-            ("slurm.conf".to_owned(), slurm_conf(&cgroup)?),
+            ("slurm.conf".to_owned(), slurm_conf(&cgroup)? + extra),
             ("cgroup.conf".to_owned(), cgroup),
             ("gres.conf".to_owned(), format!("AutoDetect={autodetect}\n")),
         ])),
@@ -480,11 +482,14 @@ pub(crate) async fn labelled_nodes(client: &Client) -> Result<Vec<String>> {
 /// Kubernetes DaemonSet has one template, so the test bed makes one per node (each pod keeps the
 /// operator's spec, and a deleted pod comes back as the operator's would). `host_network`: the
 /// user guide's "Host Network" option (`hostNetwork`, `ClusterFirstWithHostNet`, the node's name).
-/// Waits for them to roll out and for every node to be idle in sinfo: the time it took.
+/// `claim_template`: the slurmd container also gets a claim of that ResourceClaimTemplate, as the
+/// Slinky chart's `nodesets.<name>.slurmd.resources.claims` gives it (NVIDIA's ComputeDomain
+/// channels). Waits for them to roll out and for every node to be idle in sinfo: the time it took.
 pub(crate) async fn nodeset_up(
     client: &Client,
     nodes: &[String],
     host_network: bool,
+    claim_template: Option<&str>,
 ) -> Result<std::time::Duration> {
     let t = Instant::now();
     ensure!(!nodes.is_empty(), "no node for the slurmd pods");
@@ -541,6 +546,11 @@ pub(crate) async fn nodeset_up(
                 {"name": "slurm-logfile", "emptyDir": {"medium": "Memory"}}]
         });
         merge(&mut spec["containers"][0], http_probes("slurmd"));
+        if let Some(template) = claim_template {
+            spec["resourceClaims"] = json!([{"name": "compute-domain-channel",
+                "resourceClaimTemplateName": template}]);
+            spec["containers"][0]["resources"]["claims"] = json!([{"name": "compute-domain-channel"}]);
+        }
         // the operator's preStop: Slurm takes the node down before slurmd stops
         spec["containers"][0]["lifecycle"] = json!({"preStop": {"exec": {"command": ["/usr/bin/sh", "-c",
             "scontrol update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating';"]}}});
@@ -760,7 +770,7 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
         fs.trim()
     );
     let t = Instant::now();
-    controller_up(client, bed, "nvml", true).await?;
+    controller_up(client, bed, "nvml", true, "").await?;
     bed.timing("slinky-slurmctld-ready", &format!("{} ms", ms(t.elapsed())));
     let s = ctld(&[
         "sh",
@@ -788,7 +798,7 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
         let st = http_status(CTLD, "slurmctld", 6817, path);
         println!("  slurmctld GET {path} on 6817: {st:?}");
     }
-    let took = nodeset_up(client, &[NODE.to_owned()], false).await?;
+    let took = nodeset_up(client, &[NODE.to_owned()], false, None).await?;
     bed.timing("slinky-slurmd-idle", &format!("{} ms", ms(took)));
     let pod = slurmd_pod(client).await?;
     let pod = pod.metadata.name.unwrap_or_default();
@@ -890,7 +900,7 @@ async fn host_network_variant(bed: &Bed, client: &Client, sockets: &str) -> Resu
     ctld(&["scontrol", "delete", &format!("nodename={NODE}")])
         .context("scontrol delete nodename (the pod-network slurmd's record)")?;
     let t = Instant::now();
-    nodeset_up(client, &[NODE.to_owned()], true).await?;
+    nodeset_up(client, &[NODE.to_owned()], true, None).await?;
     bed.timing(
         "slinky-hostnet-slurmd-idle",
         &format!("{} ms", ms(t.elapsed())),
