@@ -292,7 +292,12 @@ impl GpuNodeSpec {
             .iter()
             .map(|g| GpuNodeGpu::new(g, &p.model, Some(p.memory_mib)))
             .collect();
-        Self::new(&topo.node_name, Mode::Mock, &p.name, gpus)
+        let mut spec = Self::new(&topo.node_name, Mode::Mock, &p.name, gpus);
+        spec.fabric = p.nvml.fabric.as_ref().map(|f| Fabric {
+            cluster_uuid: f.cluster_uuid.clone(),
+            clique_id: f.clique_id.to_string(),
+        });
+        spec
     }
 }
 
@@ -309,6 +314,16 @@ mod tests {
         GpuNodeSpec::mock(
             &NodeTopology::build(&p, "node-a", &host(&[(0, 0..72)], &[(0, 0..72)])).unwrap(),
         )
+    }
+
+    #[test]
+    fn a_mock_spec_names_the_profiles_fabric() {
+        let f = mock("gb300").fabric.expect("gb300 is on an NVLink fabric");
+        assert_eq!(
+            (f.cluster_uuid.as_str(), f.clique_id.as_str()),
+            ("6f3e2b1a-8c4d-4e5f-9a0b-1c2d3e4f5a6b", "32766")
+        );
+        assert_eq!(mock("h100").fabric, None);
     }
 
     #[test]
