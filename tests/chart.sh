@@ -122,7 +122,10 @@ want "$D" "controller RBAC: exactly its verbs, no Secret without remediation" \
      {g: [""], r: ["nodes"], v: ["get", "list", "patch", "watch"], n: null},
      {g: [""], r: ["nodes/status"], v: ["patch"], n: null},
      {g: [""], r: ["pods"], v: ["delete", "get", "list", "watch"], n: null},
-     {g: ["events.k8s.io"], r: ["events"], v: ["create", "patch"], n: null}]'
+     {g: ["events.k8s.io"], r: ["events"], v: ["create", "patch"], n: null},
+     {g: ["resource.nvidia.com"], r: ["computedomains"], v: ["get", "list", "patch", "watch"], n: null},
+     {g: ["resource.nvidia.com"], r: ["computedomains/status"], v: ["patch"], n: null},
+     {g: ["resource.k8s.io"], r: ["resourceclaimtemplates"], v: ["create", "get", "list", "patch", "watch"], n: null}]'
 want "$D" "uninstall cleanup: a post-delete Job running mockgpu-controller cleanup, with exactly its verbs" \
   'obj("ClusterRole"; "'$F'-cleanup") | rules == [
      {g: ["mockgpu.io"], r: ["gpunodes"], v: ["delete", "list"], n: null},

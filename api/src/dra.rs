@@ -123,12 +123,21 @@ pub fn gpu_device(topo: &NodeTopology, gpu: &Gpu) -> Device {
         ("uuid".into(), string(&gpu.uuid)),
         ("productName".into(), string(&p.model)),
         ("brand".into(), string(brand_name(n.brand))),
-        ("architecture".into(), string(architecture_name(n.architecture))),
+        (
+            "architecture".into(),
+            string(architecture_name(n.architecture)),
+        ),
         (
             "cudaComputeCapability".into(),
-            version(&format!("{}.{}", n.compute_capability.0, n.compute_capability.1)),
+            version(&format!(
+                "{}.{}",
+                n.compute_capability.0, n.compute_capability.1
+            )),
         ),
-        ("driverVersion".into(), version(&p.driver_version.to_string())),
+        (
+            "driverVersion".into(),
+            version(&p.driver_version.to_string()),
+        ),
         (
             "cudaDriverVersion".into(),
             version(&format!("{}.{}", n.cuda_version.0, n.cuda_version.1)),
@@ -420,9 +429,18 @@ mod tests {
     fn the_compute_domain_crd_has_nvidias_names() {
         use kube::CustomResourceExt;
         let crd = ComputeDomain::crd();
-        assert_eq!(crd.metadata.name.as_deref(), Some("computedomains.resource.nvidia.com"));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("computedomains.resource.nvidia.com")
+        );
         let yaml = serde_json::to_string(&crd).unwrap();
-        for field in ["numNodes", "resourceClaimTemplate", "allocationMode", "cliqueID", "ipAddress"] {
+        for field in [
+            "numNodes",
+            "resourceClaimTemplate",
+            "allocationMode",
+            "cliqueID",
+            "ipAddress",
+        ] {
             assert!(yaml.contains(field), "{field}");
         }
         let cd: ComputeDomain = serde_json::from_value(serde_json::json!({
@@ -433,6 +451,9 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(cd.spec.channel.allocation_mode, AllocationMode::All);
-        assert_eq!(cd.spec.channel.resource_claim_template.name, "slurm-test-compute-domain");
+        assert_eq!(
+            cd.spec.channel.resource_claim_template.name,
+            "slurm-test-compute-domain"
+        );
     }
 }

@@ -131,6 +131,13 @@ pub struct Fabric {
     pub clique_id: String,
 }
 
+impl Fabric {
+    /// `<cluster UUID>.<clique id>`, as ComputeDomains list a node's clique.
+    pub fn clique(&self) -> String {
+        format!("{}.{}", self.cluster_uuid, self.clique_id)
+    }
+}
+
 /// What the node's GPUs are doing.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -384,6 +391,15 @@ mod tests {
             status["conditions"]["x-kubernetes-list-map-keys"][0],
             "type"
         );
+    }
+
+    #[test]
+    fn a_fabric_names_its_clique() {
+        let f = Fabric {
+            cluster_uuid: "6f3e2b1a-8c4d-4e5f-9a0b-1c2d3e4f5a6b".into(),
+            clique_id: "32766".into(),
+        };
+        assert_eq!(f.clique(), "6f3e2b1a-8c4d-4e5f-9a0b-1c2d3e4f5a6b.32766");
     }
 
     #[test]

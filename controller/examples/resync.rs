@@ -425,6 +425,7 @@ async fn run(dir: PathBuf) {
         recorder(client, "resync"),
         metrics,
         slurmd,
+        false,
     );
     let reconciled = || {
         let mut text = String::new();

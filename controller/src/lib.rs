@@ -1,7 +1,8 @@
 //! mockgpu's central controller: node labels and GpuNode conditions from the agents' GpuNodes,
-//! leader election, opt-in remediation through Slurm.
+//! ComputeDomains, leader election, opt-in remediation through Slurm.
 
 pub mod cleanup;
+pub mod compute_domain;
 pub mod crd;
 pub mod labels;
 pub mod lease;

@@ -27,7 +27,7 @@ enum Command {
     /// Print the GpuNode CustomResourceDefinition (YAML) for `kubectl apply -f -`.
     Crd,
     /// Run the controller: node labels and GpuNode conditions (Stale, Drifted, InjectionMissing)
-    /// from the agents' GpuNodes, and opt-in remediation. Replicas elect a leader through a
+    /// from the agents' GpuNodes, ComputeDomains, and opt-in remediation. Replicas elect a leader through a
     /// Lease; only the leader acts, the others stand by (all are ready).
     Run(Box<RunArgs>),
     /// Delete every GpuNode and remove mockgpu's labels from every node (the chart runs this
@@ -99,6 +99,11 @@ struct RunArgs {
     /// Timeout of one slurmrestd request, in seconds.
     #[arg(long, env = "MOCKGPU_SLURMRESTD_TIMEOUT", default_value_t = 10.0)]
     slurmrestd_timeout: f64,
+    /// Keep NVIDIA's ComputeDomains: their finalizer, their channels' ResourceClaimTemplate and
+    /// their status (left alone, whatever this says, where the cluster does not serve the
+    /// ComputeDomain CRD or resource.k8s.io/v1).
+    #[arg(long, env = "MOCKGPU_COMPUTE_DOMAINS", default_value_t = true, action = clap::ArgAction::Set)]
+    compute_domains: bool,
     /// Seconds without a heartbeat after which a GpuNode is Stale.
     #[arg(long, env = "MOCKGPU_STALE_AFTER", default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..))]
     stale_after: u64,
@@ -197,6 +202,7 @@ async fn run_controller(args: RunArgs) -> anyhow::Result<()> {
             drain_slurm: args.drain_slurm,
             node_condition_type: args.node_condition_type,
         },
+        compute_domains: args.compute_domains,
     };
     if args.drain_slurm && args.slurmrestd_url.is_none() {
         tracing::warn!(

@@ -22,7 +22,8 @@ pub struct ActionLabels {
 /// Labels of the API-writes counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
-    /// `node_labels`, `node_condition`, `gpunode_conditions` or `event`.
+    /// `node_labels`, `node_condition`, `gpunode_conditions`, `event`, and of ComputeDomains
+    /// `compute_domain_finalizer`, `resource_claim_template` or `compute_domain_status`.
     pub kind: &'static str,
 }
 
@@ -107,7 +108,7 @@ impl Metrics {
         );
         r.register(
             "api_writes",
-            "Writes to the API server (node labels, GpuNode conditions, events)",
+            "Writes to the API server (node labels, GpuNode conditions, ComputeDomains, events)",
             self.writes.clone(),
         );
     }

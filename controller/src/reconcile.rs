@@ -8,6 +8,8 @@
 //!   without a GpuNode): a node whose GpuNode is gone loses our labels. There is no finalizer:
 //!   deleting a GpuNode never waits for the controller, and a node whose GpuNode went while no
 //!   controller ran is cleaned when one starts (once both caches have had their first list).
+//! - On ComputeDomains, where the cluster has them ([`compute_domain`](crate::compute_domain)),
+//!   from the same GpuNode cache.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,11 +26,12 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{debug, warn};
 
+use crate::compute_domain::{self, Members};
 use crate::metrics::Metrics;
 use crate::plan::{self, Input, Settings, requests_resource};
 use crate::slim::{PodsByNode, SlimGpuNode, SlimNode, SlimPod};
 use crate::slurm::SlurmNodes;
-use crate::write::{WriteError, Writer};
+use crate::write::{Events, WriteError, Writer};
 
 /// A failed reconcile (retried after [`RETRY`]).
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +57,7 @@ const CONCURRENCY: u16 = 16;
 /// load) then meet caches that hold both, instead of one of them writing again from a stale one.
 const DEBOUNCE: Duration = Duration::from_secs(1);
 
-fn controller_config() -> controller::Config {
+pub(crate) fn controller_config() -> controller::Config {
     controller::Config::default()
         .concurrency(CONCURRENCY)
         .debounce(DEBOUNCE)
@@ -80,21 +83,23 @@ pub struct Context<S> {
 /// itself, so the first lists of the GpuNodes and Nodes (the sweep's) are told by their event
 /// streams instead ([`first_list`]).
 #[derive(Clone)]
-struct Synced(Shared<BoxFuture<'static, bool>>);
+pub(crate) struct Synced(Shared<BoxFuture<'static, bool>>);
 
 impl Synced {
-    fn new(all: impl Future<Output = bool> + Send + 'static) -> Self {
+    pub(crate) fn new(all: impl Future<Output = bool> + Send + 'static) -> Self {
         Self(all.boxed().shared())
     }
 
     /// Resolves once `store` has had its first list (false if its writer is dropped before);
     /// the store must have no other waiter.
-    fn of<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static>(store: Store<K>) -> Self {
+    pub(crate) fn of<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static>(
+        store: Store<K>,
+    ) -> Self {
         Self::new(async move { store.wait_until_ready().await.is_ok() })
     }
 
     /// Resolves once every one of `parts` has.
-    fn all(parts: Vec<Synced>) -> Self {
+    pub(crate) fn all(parts: Vec<Synced>) -> Self {
         Self::new(async move {
             for p in parts {
                 if !p.0.await {
@@ -110,7 +115,7 @@ impl Synced {
         self.0.peek() == Some(&true)
     }
 
-    async fn wait(&self) -> Result<(), ReconcileError> {
+    pub(crate) async fn wait(&self) -> Result<(), ReconcileError> {
         if self.0.clone().await {
             Ok(())
         } else {
@@ -203,8 +208,9 @@ fn node_of(pod: SlimPod) -> Option<ObjectRef<SlimGpuNode>> {
     pod.node.map(|n| ObjectRef::new(&n))
 }
 
-/// Runs both controllers until they end (they do not, unless every watch stream ends); slurmd
-/// pods are those the label selector `slurmd` matches.
+/// Runs the controllers until they end (they do not, unless every watch stream ends); slurmd
+/// pods are those the label selector `slurmd` matches; ComputeDomains are kept if
+/// `compute_domains` and the cluster serves them.
 ///
 /// One watch per kind of object, each cached once (only what `plan` reads, see
 /// [`slim`](crate::slim); of all pods the slurmd pods and those asking for the GPU resource, by
@@ -218,6 +224,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
     recorder: Recorder,
     metrics: Metrics,
     slurmd: Selector,
+    compute_domains: bool,
 ) {
     let gpunodes: Api<SlimGpuNode> = Api::all(client.clone());
     // metadata only
@@ -235,6 +242,10 @@ pub async fn controllers<S: SlurmNodes + 'static>(
         w,
         watcher(gpunodes, cfg()).modify(forget_version),
     ));
+    // who is in which ComputeDomain, kept from the GpuNode watch (where the cluster has them)
+    let domains = (compute_domains && compute_domain::served(&client).await)
+        .then(|| Members::new(gpunode_store.clone()));
+    let members = domains.as_ref().map(|(m, _)| m.clone());
     // each cache is written before its event triggers a reconcile, so a reconcile sees at least
     // what triggered it
     let (node_store, w) = reflector::store();
@@ -282,10 +293,22 @@ pub async fn controllers<S: SlurmNodes + 'static>(
             gone.node(&name, None);
             let _ = to_sweep.unbounded_send(name);
         }
+        if let Some(m) = &members {
+            m.apply(e);
+        }
     });
     // cached with their UID (for Events), but the scheduler's keys, two for each GpuNode while
     // its next reconcile is due, do without it
     let gpunode_events = after(synced.clone(), gpunode_events.modify(forget_uid));
+    let domain_controller = {
+        let events = Events::new(recorder.clone(), metrics.clone());
+        let (client, metrics, listed) = (client.clone(), metrics.clone(), gpunodes_listed.clone());
+        async move {
+            if let Some((members, changed)) = domains {
+                compute_domain::run(client, events, metrics, members, changed, listed).await;
+            }
+        }
+    };
     let ctx = Arc::new(Context {
         writer: Writer::new(client, recorder, metrics.clone(), slurm),
         settings,
@@ -313,7 +336,7 @@ pub async fn controllers<S: SlurmNodes + 'static>(
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
         .run(reconcile_node, retry, sweep_ctx)
         .for_each(|r| async move { log_result("Node", r) });
-    tokio::join!(main, sweep, first_sweep);
+    tokio::join!(main, sweep, first_sweep, domain_controller);
 }
 
 /// Whether Node `n` carries labels of ours but has no GpuNode (in `gpunodes`, listed).
@@ -332,7 +355,7 @@ fn forget_version<K: Resource>(o: &mut K) {
 }
 
 /// A watch stream's changed and deleted objects, with kube-runtime's default backoff.
-fn touched<K, S>(events: S) -> impl Stream<Item = Result<K, watcher::Error>> + Send
+pub(crate) fn touched<K, S>(events: S) -> impl Stream<Item = Result<K, watcher::Error>> + Send
 where
     K: Resource + Clone + Send,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
@@ -341,8 +364,9 @@ where
 }
 
 /// Logs a failed reconcile. An object that does not exist is not a failure: a GpuNode (a Node
-/// without one, or a deleted one: the sweep's business), or a Node gone before its sweep.
-fn log_result<K: Resource>(
+/// without one, or a deleted one: the sweep's business), a Node gone before its sweep, or a
+/// ComputeDomain gone before its reconcile.
+pub(crate) fn log_result<K: Resource>(
     kind: &str,
     r: Result<(ObjectRef<K>, Action), ControllerError<ReconcileError, watcher::Error>>,
 ) {
@@ -353,7 +377,7 @@ fn log_result<K: Resource>(
     }
 }
 
-fn retry<K, S>(_: Arc<K>, err: &ReconcileError, _: Arc<S>) -> Action {
+pub(crate) fn retry<K, S>(_: Arc<K>, err: &ReconcileError, _: Arc<S>) -> Action {
     warn!(%err, "reconcile failed; retrying in {} s", RETRY.as_secs());
     Action::requeue(RETRY)
 }

@@ -35,6 +35,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// The decision's settings.
     pub settings: Settings,
+    /// Keep ComputeDomains (where the cluster serves them).
+    pub compute_domains: bool,
 }
 
 /// Errors that end `run`.
@@ -102,6 +104,7 @@ pub async fn run<S: SlurmNodes + 'static>(
             recorder(client.clone(), &cfg.identity),
             metrics.clone(),
             cfg.slurmd_selector.clone(),
+            cfg.compute_domains,
         );
         let stop = tokio::select! {
             () = &mut shutdown => true,

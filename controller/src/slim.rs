@@ -19,7 +19,7 @@ use kube::Resource;
 use kube::core::{Expression, Selector};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use mockgpu_api::gpunode::condition;
+use mockgpu_api::gpunode::{Fabric, condition};
 use mockgpu_api::{GpuNode, GpuNodeFault, Mode};
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -53,31 +53,85 @@ pub struct SlimSpec {
     /// The first GPU's model (`None`: no GPUs).
     #[serde(default, rename = "gpus", deserialize_with = "first_model")]
     pub model: Option<String>,
+    /// The clique of the GPUs' NVLink fabric, `<cluster UUID>.<clique id>` (`None`: not on one),
+    /// as ComputeDomains list it.
+    #[serde(default, rename = "fabric", deserialize_with = "clique")]
+    pub clique: Option<Box<str>>,
 }
 
-/// The part of `GpuNodeStatus` the decision reads.
+/// The part of `GpuNodeStatus` the decision and the ComputeDomains read.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(from = "RawStatus")]
 pub struct SlimStatus {
     /// When the agent last reported.
-    #[serde(default)]
     pub last_heartbeat: Option<Time>,
     /// When the agent first reported the current topology.
-    #[serde(default)]
     pub topology_since: Option<Time>,
     /// GPUs held by containers.
-    #[serde(default)]
     pub held_gpus: u32,
     /// The containers holding GPUs.
-    #[serde(default)]
     pub pinning: Vec<SlimPinning>,
     /// The faults on the node's GPUs (few: kept whole).
-    #[serde(default)]
     pub faults: Vec<GpuNodeFault>,
+    /// The ComputeDomains (UIDs) whose channels the claims prepared on the node hold, sorted,
+    /// each once; the claims themselves are not kept.
+    pub domains: Box<[String]>,
+    /// The agent's `Ready` condition is `True`.
+    pub ready: bool,
     /// The controller's conditions (`Stale`, `Drifted`, `InjectionMissing`, `GPUProblem`); the
     /// agent's are not kept.
-    #[serde(default, deserialize_with = "our_conditions")]
     pub conditions: Vec<Condition>,
+}
+
+/// `GpuNodeStatus` as decoded before [`SlimStatus`] keeps its part.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawStatus {
+    #[serde(default)]
+    last_heartbeat: Option<Time>,
+    #[serde(default)]
+    topology_since: Option<Time>,
+    #[serde(default)]
+    held_gpus: u32,
+    #[serde(default)]
+    pinning: Vec<SlimPinning>,
+    #[serde(default)]
+    faults: Vec<GpuNodeFault>,
+    #[serde(default)]
+    claims: Option<Vec<ClaimDomain>>,
+    #[serde(default)]
+    conditions: Option<Vec<Condition>>,
+}
+
+/// A prepared claim: only its ComputeDomain (the rest is skipped while decoding).
+#[derive(Deserialize)]
+struct ClaimDomain {
+    #[serde(default)]
+    domain: Option<String>,
+}
+
+impl From<RawStatus> for SlimStatus {
+    fn from(raw: RawStatus) -> Self {
+        let mut conditions = raw.conditions.unwrap_or_default();
+        let ready = conditions
+            .iter()
+            .any(|c| c.type_ == condition::READY && c.status == "True");
+        conditions.retain(|c| OUR_CONDITIONS.contains(&c.type_.as_str()));
+        let claims = raw.claims.into_iter().flatten();
+        let mut domains: Vec<String> = claims.filter_map(|c| c.domain).collect();
+        domains.sort_unstable();
+        domains.dedup();
+        SlimStatus {
+            last_heartbeat: raw.last_heartbeat,
+            topology_since: raw.topology_since,
+            held_gpus: raw.held_gpus,
+            pinning: raw.pinning,
+            faults: raw.faults,
+            domains: domains.into_boxed_slice(),
+            ready,
+            conditions,
+        }
+    }
 }
 
 /// A container holding GPUs, as far as the decision looks at it.
@@ -343,6 +397,12 @@ fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     })
 }
 
+/// `spec.fabric`: its clique.
+fn clique<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<str>>, D::Error> {
+    let fabric = Option::<Fabric>::deserialize(d)?;
+    Ok(fabric.map(|f| f.clique().into_boxed_str()))
+}
+
 /// `spec.gpus`: the first element's `model`; the rest is skipped.
 fn first_model<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     #[derive(Deserialize)]
@@ -365,12 +425,6 @@ fn first_model<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Err
         }
     }
     d.deserialize_any(First)
-}
-
-fn our_conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Condition>, D::Error> {
-    let mut all = Option::<Vec<Condition>>::deserialize(d)?.unwrap_or_default();
-    all.retain(|c| OUR_CONDITIONS.contains(&c.type_.as_str()));
-    Ok(all)
 }
 
 /// A `PartialObjectMetadata` of a Node, as decoded before [`SlimNode`] keeps its part.
@@ -607,7 +661,7 @@ resource_of!(SlimPod, Pod, false);
 #[cfg(test)]
 pub(crate) mod tests {
     use k8s_openapi::jiff::Timestamp;
-    use mockgpu_api::{GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning};
+    use mockgpu_api::{GpuNodeGpu, GpuNodeSpec, GpuNodeStatus, Pinning, PreparedClaim};
     use serde_json::json;
 
     use super::*;
@@ -662,6 +716,20 @@ pub(crate) mod tests {
         g.metadata.generation = Some(2);
         g.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
         g.metadata.managed_fields = Some(vec![Default::default()]);
+        g.spec.fabric = Some(Fabric {
+            cluster_uuid: "c".into(),
+            clique_id: "1".into(),
+        });
+        let claim = |domain: Option<&str>| PreparedClaim {
+            namespace: "ns".into(),
+            name: "claim".into(),
+            uid: "cu".into(),
+            driver: "compute-domain.nvidia.com".into(),
+            devices: vec!["channel-0".into()],
+            gpus: Vec::new(),
+            domain: domain.map(str::to_string),
+            channels: Some(1),
+        };
         g.status = Some(GpuNodeStatus {
             held_gpus: 1,
             last_heartbeat: Some(Time(Timestamp::UNIX_EPOCH)),
@@ -673,6 +741,12 @@ pub(crate) mod tests {
                 gpus: vec!["GPU-0".into()],
                 since: Time(Timestamp::UNIX_EPOCH),
             }],
+            claims: vec![
+                claim(Some("d2")),
+                claim(None),
+                claim(Some("d1")),
+                claim(Some("d2")),
+            ],
             conditions: vec![cond(condition::READY), cond(condition::STALE)],
             ..Default::default()
         });
@@ -688,6 +762,7 @@ pub(crate) mod tests {
                 profile: "h100".into(),
                 gpu_count: 2,
                 model: Some("NVIDIA H100".into()),
+                clique: Some("c.1".into()),
             }
         );
         let st = s.status.unwrap();
@@ -700,8 +775,10 @@ pub(crate) mod tests {
                 container: "c".into()
             }]
         );
-        // the agent's Ready is not kept
+        // the agent's Ready is kept as a flag only, the claims as their domains
         assert_eq!(st.conditions, [cond(condition::STALE)]);
+        assert!(st.ready);
+        assert_eq!(*st.domains, ["d1", "d2"]);
         // no GPUs, no status
         let empty: SlimGpuNode = serde_json::from_value(json!({
             "metadata": {"name": "x"},
@@ -709,6 +786,24 @@ pub(crate) mod tests {
         }))
         .unwrap();
         assert_eq!((empty.spec.model, empty.status), (None, None));
+        // an agent not (yet) Ready, conditions and claims null
+        let unready: SlimGpuNode = serde_json::from_value(json!({
+            "metadata": {"name": "x"},
+            "spec": {"mode": "mock", "profile": "gb300", "gpuCount": 0, "gpus": []},
+            "status": {"claims": null, "conditions": [
+                {"type": "Ready", "status": "False", "reason": "R", "message": "m",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+        }))
+        .unwrap();
+        let st = unready.status.unwrap();
+        assert!(!st.ready && st.domains.is_empty() && st.conditions.is_empty());
+        let null: SlimGpuNode = serde_json::from_value(json!({
+            "metadata": {"name": "x"},
+            "spec": {"mode": "mock", "profile": "gb300", "gpuCount": 0, "gpus": []},
+            "status": {"conditions": null},
+        }))
+        .unwrap();
+        assert!(!null.status.unwrap().ready);
     }
 
     /// The slim types are requested where the full ones are.

@@ -51,16 +51,53 @@ pub enum WriteError {
     },
 }
 
-fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> WriteError {
+/// A [`WriteError::Kube`] of the request `what`.
+pub(crate) fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> WriteError {
     let what = what.into();
     move |source| WriteError::Kube { what, source }
 }
 
-/// What writes: the API client, the Event recorder, the write and remediation metrics, and
-/// Slurm (`None`: no slurmrestd).
+/// Records Events as the controller, counting them as writes; clones share the recorder's
+/// cache (which makes a repeated Event a series).
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+    metrics: Metrics,
+}
+
+impl Events {
+    /// Events through `recorder`, counted in `metrics`.
+    pub fn new(recorder: Recorder, metrics: Metrics) -> Self {
+        Self { recorder, metrics }
+    }
+
+    /// Records an Event about `regarding`; a failure is logged, not fatal.
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        match self.recorder.publish(&ev, regarding).await {
+            Ok(()) => self.metrics.wrote("event"),
+            Err(err) => warn!(%err, %reason, "cannot record an event"),
+        }
+    }
+}
+
+/// What writes: the API client, the Events, the write and remediation metrics, and Slurm
+/// (`None`: no slurmrestd).
 pub struct Writer<S> {
     client: Client,
-    recorder: Recorder,
+    events: Events,
     metrics: Metrics,
     slurm: Option<Arc<S>>,
 }
@@ -75,7 +112,7 @@ impl<S: SlurmNodes> Writer<S> {
     ) -> Self {
         Self {
             client,
-            recorder,
+            events: Events::new(recorder, metrics.clone()),
             metrics,
             slurm,
         }
@@ -94,7 +131,9 @@ impl<S: SlurmNodes> Writer<S> {
         if let Some(labels) = &p.labels {
             self.apply_labels(&name, labels).await?;
             let (reason, note) = labels_note(labels);
-            self.event(&gref, EventType::Normal, reason, note).await;
+            self.events
+                .publish(&gref, EventType::Normal, reason, note)
+                .await;
         }
         if let Some(c) = &p.node_condition {
             self.set_node_condition(&name, c).await?;
@@ -111,7 +150,8 @@ impl<S: SlurmNodes> Writer<S> {
             if n.reason == "Drifted" {
                 self.metrics.drifts.inc();
             }
-            self.event(&gref, EventType::Warning, n.reason, n.note.clone())
+            self.events
+                .publish(&gref, EventType::Warning, n.reason, n.note.clone())
                 .await;
         }
         if let Some(e) = &p.fault_event {
@@ -122,7 +162,9 @@ impl<S: SlurmNodes> Writer<S> {
             };
             let nref = node_ref(&name, node_uid.map(str::to_string));
             for regarding in [&gref, &nref] {
-                self.event(regarding, type_, e.reason, e.note.clone()).await;
+                self.events
+                    .publish(regarding, type_, e.reason, e.note.clone())
+                    .await;
             }
         }
         if let (Some(drain), Some(slurm)) = (&p.slurm_drain, &self.slurm) {
@@ -138,7 +180,8 @@ impl<S: SlurmNodes> Writer<S> {
                     let note = "remediation is on but no slurmrestd is configured: the Slurm \
                                 records and slurmd pods are left as they are"
                         .to_string();
-                    self.event(&gref, EventType::Warning, "RemediationUnavailable", note)
+                    self.events
+                        .publish(&gref, EventType::Warning, "RemediationUnavailable", note)
                         .await;
                 }
                 Some(slurm) => {
@@ -236,7 +279,8 @@ impl<S: SlurmNodes> Writer<S> {
                 self.count(action, "ok");
                 info!(%node, %reason, "Slurm node drained");
                 let note = format!("Slurm node {node} drained: {reason}");
-                self.event(gref, EventType::Normal, "SlurmNodeDrained", note)
+                self.events
+                    .publish(gref, EventType::Normal, "SlurmNodeDrained", note)
                     .await;
                 Ok(())
             }
@@ -248,7 +292,8 @@ impl<S: SlurmNodes> Writer<S> {
             Err(source) => {
                 self.count(action, "error");
                 let note = format!("draining Slurm node {node}: {source}");
-                self.event(gref, EventType::Warning, "SlurmNodeDrainFailed", note)
+                self.events
+                    .publish(gref, EventType::Warning, "SlurmNodeDrainFailed", note)
                     .await;
                 Err(WriteError::SlurmState {
                     what: "draining",
@@ -271,7 +316,8 @@ impl<S: SlurmNodes> Writer<S> {
                 self.count(action, "ok");
                 info!(%node, "Slurm node resumed");
                 let note = format!("Slurm node {node} resumed: its GPU faults cleared");
-                self.event(gref, EventType::Normal, "SlurmNodeResumed", note)
+                self.events
+                    .publish(gref, EventType::Normal, "SlurmNodeResumed", note)
                     .await;
                 Ok(())
             }
@@ -279,7 +325,8 @@ impl<S: SlurmNodes> Writer<S> {
                 let note = format!(
                     "Slurm node {node} is left drained: its reason is not mockgpu's ({theirs})"
                 );
-                self.event(gref, EventType::Normal, "SlurmNodeLeftDrained", note)
+                self.events
+                    .publish(gref, EventType::Normal, "SlurmNodeLeftDrained", note)
                     .await;
                 Ok(())
             }
@@ -287,7 +334,8 @@ impl<S: SlurmNodes> Writer<S> {
             Err(source) => {
                 self.count(action, "error");
                 let note = format!("resuming Slurm node {node}: {source}");
-                self.event(gref, EventType::Warning, "SlurmNodeResumeFailed", note)
+                self.events
+                    .publish(gref, EventType::Warning, "SlurmNodeResumeFailed", note)
                     .await;
                 Err(WriteError::SlurmState {
                     what: "resuming",
@@ -315,7 +363,8 @@ impl<S: SlurmNodes> Writer<S> {
                     NodeDeleted::AlreadyGone => format!("Slurm node {node} was already gone"),
                 };
                 info!(%node, ?done, "Slurm node record deleted");
-                self.event(gref, EventType::Normal, "SlurmNodeDeleted", note)
+                self.events
+                    .publish(gref, EventType::Normal, "SlurmNodeDeleted", note)
                     .await;
                 Ok(())
             }
@@ -323,7 +372,8 @@ impl<S: SlurmNodes> Writer<S> {
                 self.count(action, "error");
                 let note =
                     format!("deleting Slurm node {node}: {source}; its slurmd pods are kept");
-                self.event(gref, EventType::Warning, "SlurmNodeDeleteFailed", note)
+                self.events
+                    .publish(gref, EventType::Warning, "SlurmNodeDeleteFailed", note)
                     .await;
                 Err(WriteError::Slurm {
                     node: node.to_string(),
@@ -361,7 +411,8 @@ impl<S: SlurmNodes> Writer<S> {
                     "pod {}/{} deleted ({}): it is recreated afresh",
                     a.namespace, a.name, a.why
                 );
-                self.event(gref, EventType::Normal, "PodDeleted", note.clone())
+                self.events
+                    .publish(gref, EventType::Normal, "PodDeleted", note.clone())
                     .await;
                 let pod_ref = ObjectReference {
                     api_version: Some("v1".into()),
@@ -371,7 +422,8 @@ impl<S: SlurmNodes> Writer<S> {
                     uid: Some(a.uid.clone()),
                     ..Default::default()
                 };
-                self.event(&pod_ref, EventType::Normal, "PodDeleted", note)
+                self.events
+                    .publish(&pod_ref, EventType::Normal, "PodDeleted", note)
                     .await;
                 Ok(())
             }
@@ -388,27 +440,6 @@ impl<S: SlurmNodes> Writer<S> {
         self.metrics.remediation.get_or_create(&labels).inc();
     }
 
-    /// Records an Event; a failure is logged, not fatal.
-    async fn event(
-        &self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
-            secondary: None,
-        };
-        match self.recorder.publish(&ev, regarding).await {
-            Ok(()) => self.metrics.wrote("event"),
-            Err(err) => warn!(%err, %reason, "cannot record an event"),
-        }
-    }
-
     /// Removes our labels from Node `name` (of `uid`), whose GpuNode is gone, with an Event.
     pub async fn sweep_labels(
         &self,
@@ -420,7 +451,9 @@ impl<S: SlurmNodes> Writer<S> {
         let (reason, note) = labels_note(labels);
         let nref = node_ref(name, uid);
         let note = format!("{note}: its GpuNode is gone");
-        self.event(&nref, EventType::Normal, reason, note).await;
+        self.events
+            .publish(&nref, EventType::Normal, reason, note)
+            .await;
         Ok(())
     }
 }

@@ -231,6 +231,7 @@ async fn the_controllers_label_a_new_node_and_sweep_an_orphaned_one() {
         recorder,
         Metrics::default(),
         crate::slim::label_selector("app.kubernetes.io/name=slurmd").unwrap(),
+        true,
     ));
     // the six writes, or what came of them by the deadline
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
