@@ -42,6 +42,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-agent" (include "mockgpu.fullname" .)) .Values.agent.serviceAccount.name }}
 {{- end }}
 
+{{/* CEL of the admission policies: the node named by the requester's pod-bound token (its
+authentication.kubernetes.io/node-name claim), or '' without one. */}}
+{{- define "mockgpu.nodeNameClaim" -}}
+has(request.userInfo.extra) && 'authentication.kubernetes.io/node-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/node-name']) > 0 ? request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''
+{{- end }}
+
 {{- define "mockgpu.controllerServiceAccount" -}}
 {{- default (printf "%s-controller" (include "mockgpu.fullname" .)) .Values.controller.serviceAccount.name }}
 {{- end }}
