@@ -2,8 +2,9 @@
 # chart.sh - the Helm chart (charts/mockgpu) with the real Helm CLI (tests/build-k8s.sh): `helm lint
 # --strict` and `helm template` with the default values and each value set in charts/mockgpu/ci/,
 # the fields that matter asserted with jq (privileges, host paths, mount propagation, probes, the
-# rollout, RBAC verbs, the admission policy); invalid values rejected by values.schema.json with
-# a readable error; docs/configuration.md up to date. No cluster: the test bed's cluster mode
+# rollout, RBAC verbs, the admission policies, DRA's DeviceClasses and kubelet plugin directories);
+# invalid values rejected by values.schema.json with a readable error; docs/configuration.md up to
+# date. No cluster: the test bed's cluster mode
 # applies the same value sets to the real API server (`chart-dry-run`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -66,6 +67,18 @@ want "$D" "one agent DaemonSet, the controller, the two policies (GpuNodes, GpuF
 want "$D" "the GpuNode CRD (crds/, generated from the controller): cluster-scoped, with a status subresource" \
   'obj("CustomResourceDefinition"; "gpunodes.mockgpu.io").spec | .group == "mockgpu.io" and .scope == "Cluster"
    and .names.kind == "GpuNode" and ([.versions[] | select(.name == "v1alpha1") | .subresources.status] | length) == 1'
+want "$D" "the ComputeDomain CRD (crds/, from api::dra, whatever agent.dra says): NVIDIA's group, namespaced, with a status subresource" \
+  'obj("CustomResourceDefinition"; "computedomains.resource.nvidia.com").spec | .group == "resource.nvidia.com"
+   and .scope == "Namespaced" and .names == {kind: "ComputeDomain", plural: "computedomains", singular: "computedomain"}
+   and ([.versions[] | select(.name == "v1beta1" and .served and .storage) | .subresources.status] | length) == 1
+   and (.versions[0].schema.openAPIV3Schema.properties.spec | .required == ["channel", "numNodes"]
+     and .properties.channel.properties.allocationMode.enum == ["Single", "All"])'
+want "$D" "DRA off: no DeviceClass, no ResourceSlice policy, no DRA environment or kubelet plugin directories" \
+  '(kinds("DeviceClass") | length) == 0
+   and ([.[] | select(.kind | startswith("ValidatingAdmissionPolicy")) | select(.metadata.name | endswith("resourceslices"))] | length) == 0
+   and (ds("default") | pod | vol("plugins") == null and vol("plugins-registry") == null and vol("cdi") == null
+     and (ctr("agent") | env("MOCKGPU_DRA") == null and env("MOCKGPU_CDI_DIR") == null
+       and mount("plugins") == null and mount("plugins-registry") == null and mount("cdi") == null))'
 want "$D" "rollout: a new agent before the old one stops" \
   'ds("default").spec.updateStrategy == {type: "RollingUpdate", rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}'
 want "$D" "the agent's own pods opt out of injection (privileged, they see the node's GPU devices)" \
@@ -254,6 +267,104 @@ want "$P" "two pools: two DaemonSets with their own selectors and profiles" \
 want "$P" "two pools: the doctor runs on the first pool" \
   'obj("Pod"; "'$F'-doctor").spec.nodeSelector == {"mockgpu.io/enabled": "true", pool: "gb300"}'
 
+# DRA: NVIDIA's DeviceClasses (the selectors of api/src/dra.rs, GPU_CLASS_SELECTOR and
+# CHANNEL_CLASS_SELECTOR), the agent's DRA rules and the policy on its ResourceSlices
+GPU_SEL="device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+CHANNEL_SEL="device.driver == 'compute-domain.nvidia.com' && device.attributes['compute-domain.nvidia.com'].type == 'channel' && device.attributes['compute-domain.nvidia.com'].id == 0"
+AGENT_RULES='{g: ["mockgpu.io"], r: ["gpunodes"], v: ["create", "get", "patch", "update"], n: null},
+     {g: ["mockgpu.io"], r: ["gpunodes/status"], v: ["get", "patch", "update"], n: null},
+     {g: ["mockgpu.io"], r: ["gpufaults"], v: ["get", "list", "watch"], n: null},
+     {g: ["mockgpu.io"], r: ["gpufaults/status"], v: ["patch"], n: null},
+     {g: [""], r: ["nodes"], v: ["get"], n: null},
+     {g: ["events.k8s.io"], r: ["events"], v: ["create", "patch"], n: null}'
+DRA_RULES='{g: ["resource.k8s.io"], r: ["resourceslices"], v: ["create", "delete", "get", "list", "patch", "update", "watch"], n: null},
+     {g: ["resource.k8s.io"], r: ["resourceclaims"], v: ["get", "list", "watch"], n: null}'
+
+render dra -f "$V/dra-values.yaml"
+P=$T/dra.json
+want "$P" "DRA: the agent serves the DRA drivers (MOCKGPU_DRA, the CDI directory, the kubelet's), without the device plugin" \
+  'ds("default") | pod | vol("device-plugins") == null and (ctr("agent") | env("MOCKGPU_DRA") == "true"
+   and env("MOCKGPU_CDI_DIR") == "/var/run/cdi" and env("MOCKGPU_KUBELET_DIR") == "/var/lib/kubelet"
+   and env("MOCKGPU_DEVICE_PLUGIN") == null and env("MOCKGPU_RESOURCE_NAME") == null and mount("device-plugins") == null)'
+want "$P" "DRA: plugins_registry/ and plugins/ (HostToContainer) of the kubelet's directory and the CDI directory, from the host" \
+  'ds("default") | pod | vol("plugins-registry").hostPath == {path: "/var/lib/kubelet/plugins_registry", type: "DirectoryOrCreate"}
+   and vol("plugins").hostPath == {path: "/var/lib/kubelet/plugins", type: "DirectoryOrCreate"}
+   and vol("cdi").hostPath == {path: "/var/run/cdi", type: "DirectoryOrCreate"}
+   and (ctr("agent") | mount("plugins-registry") == {name: "plugins-registry", mountPath: "/var/lib/kubelet/plugins_registry"}
+     and mount("plugins") == {name: "plugins", mountPath: "/var/lib/kubelet/plugins", mountPropagation: "HostToContainer"}
+     and mount("cdi") == {name: "cdi", mountPath: "/var/run/cdi"})
+   and (ctr("keeper") | mount("plugins") == null and mount("cdi") == null)'
+want "$P" "DRA: the DeviceClasses gpu.nvidia.com and compute-domain-default-channel.nvidia.com with NVIDIA's selectors, exactly" \
+  '(kinds("DeviceClass") | length) == 2
+   and (obj("DeviceClass"; "gpu.nvidia.com") | .apiVersion == "resource.k8s.io/v1"
+     and .metadata.labels["app.kubernetes.io/instance"] == "'$REL'"
+     and .spec == {selectors: [{cel: {expression: "'"$GPU_SEL"'"}}]})
+   and (obj("DeviceClass"; "compute-domain-default-channel.nvidia.com") | .apiVersion == "resource.k8s.io/v1"
+     and .spec == {selectors: [{cel: {expression: "'"$CHANNEL_SEL"'"}}]})'
+want "$P" "DRA: agent RBAC adds its node's ResourceSlices and reading ResourceClaims, nothing else" \
+  'obj("ClusterRole"; "'$F'-agent") | rules == ['"$AGENT_RULES"',
+     '"$DRA_RULES"']'
+want "$P" "DRA: three policies and bindings, the third on ResourceSlices" \
+  '(kinds("ValidatingAdmissionPolicy") | length) == 3 and (kinds("ValidatingAdmissionPolicyBinding") | length) == 3
+   and obj("ValidatingAdmissionPolicyBinding"; "'$F'-agent-own-resourceslices").spec
+     == {policyName: "'$F'-agent-own-resourceslices", validationActions: ["Deny"]}'
+want "$P" "DRA: the ResourceSlice policy matches the agent service account's writes of resourceslices" \
+  'obj("ValidatingAdmissionPolicy"; "'$F'-agent-own-resourceslices").spec | .failurePolicy == "Fail"
+   and .matchConstraints.resourceRules == [{apiGroups: ["resource.k8s.io"], apiVersions: ["*"],
+     operations: ["CREATE", "UPDATE", "DELETE"], resources: ["resourceslices"]}]
+   and .matchConditions == [{name: "agent-service-account",
+     expression: "request.userInfo.username == '"'system:serviceaccount:$NS:$F-agent'"'"}]'
+want "$P" "DRA: the ResourceSlice policy holds the slice (the old one too, on DELETE and UPDATE) to the node-name claim" \
+  'obj("ValidatingAdmissionPolicy"; "'$F'-agent-own-resourceslices").spec
+   | (.variables | map(.name)) == ["nodeName", "sliceNode", "oldSliceNode", "otherNode"]
+   and (.variables[0].expression | contains("request.userInfo.extra['"'authentication.kubernetes.io/node-name'"'][0]"))
+   and .variables[1].expression == "(request.operation == '"'DELETE'"' ? oldObject : object).spec.?nodeName.orValue('"''"')"
+   and .variables[2].expression == "request.operation == '"'UPDATE'"' ? oldObject.spec.?nodeName.orValue('"''"') : variables.sliceNode"
+   and .validations[0].expression == "variables.nodeName != '"''"' && variables.sliceNode == variables.nodeName && variables.oldSliceNode == variables.nodeName"
+   and (.validations[0].messageExpression | contains("'"' may write only the ResourceSlices of node '"'"))
+   and .validations[0].reason == "Forbidden"'
+want "$P" "DRA: the doctor runs without the device plugin's environment and directory (its pool runs DRA)" \
+  'obj("Pod"; "'$F'-doctor").spec | vol("device-plugins") == null
+   and (ctr("doctor") | env("MOCKGPU_RESOURCE_NAME") == null and env("MOCKGPU_KUBELET_DIR") == null and mount("device-plugins") == null)'
+want "$P" "DRA: the controller's rules as without DRA (ComputeDomains are kept whatever agent.dra says)" \
+  'obj("ClusterRole"; "'$F'-controller") | rules | map(select(.g == ["resource.nvidia.com"] or .g == ["resource.k8s.io"])) | length == 3'
+
+render dra-pool -f "$V/dra-pool-values.yaml"
+P=$T/dra-pool.json
+want "$P" "DRA on one pool: its agent serves DRA under k0s's kubelet directory and /etc/cdi, without the device plugin" \
+  'ds("dra") | pod | vol("device-plugins") == null
+   and vol("plugins-registry").hostPath.path == "/var/lib/k0s/kubelet/plugins_registry"
+   and vol("plugins").hostPath.path == "/var/lib/k0s/kubelet/plugins" and vol("cdi").hostPath.path == "/etc/cdi"
+   and (ctr("agent") | env("MOCKGPU_DRA") == "true" and env("MOCKGPU_CDI_DIR") == "/etc/cdi"
+     and env("MOCKGPU_KUBELET_DIR") == "/var/lib/k0s/kubelet" and env("MOCKGPU_DEVICE_PLUGIN") == null
+     and mount("plugins") == {name: "plugins", mountPath: "/var/lib/k0s/kubelet/plugins", mountPropagation: "HostToContainer"}
+     and mount("cdi").mountPath == "/etc/cdi" and mount("device-plugins") == null)'
+want "$P" "DRA on one pool: the other pool keeps the device plugin, without DRA" \
+  'ds("plugin") | pod | vol("device-plugins").hostPath.path == "/var/lib/k0s/kubelet/device-plugins"
+   and vol("plugins") == null and vol("plugins-registry") == null and vol("cdi") == null
+   and (ctr("agent") | env("MOCKGPU_DEVICE_PLUGIN") == "true" and env("MOCKGPU_DRA") == null and env("MOCKGPU_CDI_DIR") == null
+     and env("MOCKGPU_KUBELET_DIR") == "/var/lib/k0s/kubelet" and mount("plugins") == null)'
+want "$P" "DRA on one pool, deviceClasses off (NVIDIA's chart has them): no DeviceClass, the agent's DRA rules and the ResourceSlice policy stay" \
+  '(kinds("DeviceClass") | length) == 0
+   and (obj("ClusterRole"; "'$F'-agent") | rules == ['"$AGENT_RULES"',
+     '"$DRA_RULES"'])
+   and obj("ValidatingAdmissionPolicyBinding"; "'$F'-agent-own-resourceslices").spec.policyName == "'$F'-agent-own-resourceslices"'
+want "$P" "DRA on one pool: the doctor, on the first pool (the device plugin's), checks the device plugin" \
+  'obj("Pod"; "'$F'-doctor").spec | .nodeSelector == {pool: "plugin"} and vol("device-plugins").hostPath.path == "/var/lib/k0s/kubelet/device-plugins"
+   and (ctr("doctor") | env("MOCKGPU_RESOURCE_NAME") == "nvidia.com/gpu")'
+
+render dra-opted-out --set agent.dra.enabled=true --set-json 'agent.pools=[{"name":"default","dra":false}]'
+want "$T/dra-opted-out.json" "DRA on but every pool opting out: DRA nowhere (no DeviceClass, policy or DRA rule), the device plugin serves" \
+  '(kinds("DeviceClass") | length) == 0 and (kinds("ValidatingAdmissionPolicy") | length) == 2
+   and (obj("ClusterRole"; "'$F'-agent") | rules == ['"$AGENT_RULES"'])
+   and (ds("default") | pod | ctr("agent") | env("MOCKGPU_DRA") == null and env("MOCKGPU_DEVICE_PLUGIN") == "true"
+     and mount("plugins") == null)'
+
+render dra-no-policy -f "$V/dra-values.yaml" --set admissionPolicy.enabled=false
+want "$T/dra-no-policy.json" "DRA with the admission policies off: no policy at all, the DeviceClasses still" \
+  '(kinds("ValidatingAdmissionPolicy") | length) == 0 and (kinds("ValidatingAdmissionPolicyBinding") | length) == 0
+   and (kinds("DeviceClass") | length) == 2'
+
 # NOTES.txt (rendered by an install's client-side dry run): what to check next, per pool
 n=$((n + 1))
 notes=$(HELM_CACHE_HOME=$T/helm HELM_CONFIG_HOME=$T/helm HELM_DATA_HOME=$T/helm \
@@ -261,6 +372,13 @@ notes=$(HELM_CACHE_HOME=$T/helm HELM_CONFIG_HOME=$T/helm HELM_DATA_HOME=$T/helm 
 for line in "rollout status daemonset/$F-agent-gb300" "rollout status daemonset/$F-agent-h100" "kubectl get gpunodes" \
   "helm test $REL -n $NS --logs" "-c agent -- mockgpu-agent doctor"; do
   grep -qF -- "$line" <<< "$notes" || { echo "chart.sh: NOTES.txt lacks '$line': $notes" >&2; bad=$((bad + 1)); }
+done
+n=$((n + 1))
+notes=$(HELM_CACHE_HOME=$T/helm HELM_CONFIG_HOME=$T/helm HELM_DATA_HOME=$T/helm \
+  "$HELM" install "$REL" "$C" --namespace "$NS" --dry-run=client -f "$V/dra-pool-values.yaml" | sed -n '/^NOTES:/,$p')
+for line in "rollout status daemonset/$F-agent-dra" "GPUS:.status.allocatable.nvidia\\.com/gpu" \
+  "the pools that run DRA" "kubectl get resourceslices"; do
+  grep -qF -- "$line" <<< "$notes" || { echo "chart.sh: NOTES.txt (DRA on one pool) lacks '$line': $notes" >&2; bad=$((bad + 1)); }
 done
 
 # --- invalid values: rejected, and the error says where and why
@@ -283,6 +401,12 @@ reject "an empty pool list" "at '/agent/pools': minItems: got 0, want 1" --set-j
 reject "no pool list" "at '/agent': missing property 'pools'" --set agent.pools=null
 reject "a port out of range" "at '/controller/port': maximum" --set controller.port=70000
 reject "remediation without slurmrestd" "at '/controller/remediation/slurmrestdUrl': '' does not match pattern" --set controller.remediation.enabled=true
+reject "a pool's dra not a boolean" "at '/agent/pools/0/dra': got string, want boolean" \
+  --set-json 'agent.pools=[{"name":"default","dra":"yes"}]'
+reject "an unknown key under agent.dra" "at '/agent/dra': additional properties 'enable' not allowed" --set agent.dra.enable=true
+reject "a relative CDI directory" "at '/agent/dra/cdiDir': 'var/run/cdi' does not match pattern" --set agent.dra.cdiDir=var/run/cdi
+reject "DRA on a Kubernetes without resource.k8s.io/v1" "agent.dra: DRA needs Kubernetes 1.34 or later (resource.k8s.io/v1), this is v1.33.0" \
+  --set agent.dra.enabled=true --kube-version 1.33.0
 reject "a profile from a file and a ConfigMap" 'agent pool "default": the profile sets both file and configMap.name; set one' \
   --set agent.profile.file=base:gb300 --set agent.profile.configMap.name=p
 

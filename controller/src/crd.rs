@@ -1,8 +1,10 @@
-//! The `GpuNode` and `GpuFault` CustomResourceDefinitions, as YAML: the chart's copies
-//! (`charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`, `charts/mockgpu/crds/gpufaults.mockgpu.io.yaml`)
-//! are generated from them.
+//! The `GpuNode`, `GpuFault` and `ComputeDomain` CustomResourceDefinitions, as YAML: the chart's
+//! copies (`charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`,
+//! `charts/mockgpu/crds/gpufaults.mockgpu.io.yaml`,
+//! `charts/mockgpu/crds/computedomains.resource.nvidia.com.yaml`) are generated from them.
 
 use kube::CustomResourceExt;
+use mockgpu_api::dra::ComputeDomain;
 use mockgpu_api::{GpuFault, GpuNode};
 
 /// The CRD as a YAML document, with a header saying where it comes from.
@@ -18,6 +20,15 @@ pub fn gpufault_yaml() -> Result<String, serde_saphyr::ser::Error> {
     let body = serde_saphyr::to_string(&GpuFault::crd())?;
     Ok(format!(
         "# Generated from the GpuFault type in api/src/fault.rs (controller/src/crd.rs checks it;\n\
+         # MOCKGPU_WRITE_CRDS=1 cargo test -p mockgpu-controller crd:: rewrites it): do not edit.\n{body}"
+    ))
+}
+
+/// The ComputeDomain CRD as a YAML document, with a header saying where it comes from.
+pub fn computedomain_yaml() -> Result<String, serde_saphyr::ser::Error> {
+    let body = serde_saphyr::to_string(&ComputeDomain::crd())?;
+    Ok(format!(
+        "# Generated from the ComputeDomain type in api/src/dra.rs (controller/src/crd.rs checks it;\n\
          # MOCKGPU_WRITE_CRDS=1 cargo test -p mockgpu-controller crd:: rewrites it): do not edit.\n{body}"
     ))
 }
@@ -69,6 +80,57 @@ mod tests {
         use kube::CustomResourceExt;
         let crd: CustomResourceDefinition = serde_saphyr::from_str(&generated).unwrap();
         assert_eq!(crd, mockgpu_api::GpuFault::crd());
+    }
+
+    /// The chart's copy of the ComputeDomain CRD.
+    const COMPUTEDOMAIN_COPY: &str =
+        "../charts/mockgpu/crds/computedomains.resource.nvidia.com.yaml";
+
+    #[test]
+    fn the_charts_computedomain_crd_is_the_generated_one() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(COMPUTEDOMAIN_COPY);
+        let generated = super::computedomain_yaml().unwrap();
+        if std::env::var_os("MOCKGPU_WRITE_CRDS").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let chart =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            chart == generated,
+            "{} differs from the ComputeDomain type; regenerate it with \
+             `MOCKGPU_WRITE_CRDS=1 cargo test -p mockgpu-controller crd::`",
+            path.display()
+        );
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::CustomResourceExt;
+        let crd: CustomResourceDefinition = serde_saphyr::from_str(&generated).unwrap();
+        assert_eq!(crd, mockgpu_api::dra::ComputeDomain::crd());
+    }
+
+    /// The chart's DeviceClasses carry the contract's names and CEL selectors, verbatim.
+    #[test]
+    fn the_charts_device_classes_are_the_contracts() {
+        use mockgpu_api::dra::{
+            CHANNEL_CLASS, CHANNEL_CLASS_SELECTOR, GPU_CLASS, GPU_CLASS_SELECTOR,
+        };
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../charts/mockgpu/templates/dra-deviceclasses.yaml");
+        let chart =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for (class, selector) in [
+            (GPU_CLASS, GPU_CLASS_SELECTOR),
+            (CHANNEL_CLASS, CHANNEL_CLASS_SELECTOR),
+        ] {
+            let want = format!(
+                "  name: {class}\n  labels:\n    {{{{- include \"mockgpu.labels\" . | nindent 4 }}}}\n\
+                 spec:\n  selectors:\n  - cel:\n      expression: \"{selector}\"\n"
+            );
+            assert!(
+                chart.contains(&want),
+                "{} lacks DeviceClass {class} with the selector {selector:?}",
+                path.display()
+            );
+        }
     }
 
     #[test]

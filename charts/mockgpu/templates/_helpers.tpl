@@ -42,6 +42,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-agent" (include "mockgpu.fullname" .)) .Values.agent.serviceAccount.name }}
 {{- end }}
 
+{{/* CEL of the admission policies: the node named by the requester's pod-bound token (its
+authentication.kubernetes.io/node-name claim), or '' without one. */}}
+{{- define "mockgpu.nodeNameClaim" -}}
+has(request.userInfo.extra) && 'authentication.kubernetes.io/node-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/node-name']) > 0 ? request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''
+{{- end }}
+
 {{- define "mockgpu.controllerServiceAccount" -}}
 {{- default (printf "%s-controller" (include "mockgpu.fullname" .)) .Values.controller.serviceAccount.name }}
 {{- end }}
@@ -61,4 +67,26 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The ConfigMap of a pool's inline profile (profile.file). */}}
 {{- define "mockgpu.profileConfigMap" -}}
 {{- printf "%s-profile-%s" (include "mockgpu.fullname" .root) .pool.name }}
+{{- end }}
+
+{{/* Whether a pool runs the DRA drivers: "true" or "false"; (dict "root" $ "pool" $pool). Its own
+`dra` when set, else agent.dra.enabled. */}}
+{{- define "mockgpu.poolDra" -}}
+{{- if hasKey .pool "dra" }}{{ .pool.dra }}{{ else }}{{ .root.Values.agent.dra.enabled }}{{ end }}
+{{- end }}
+
+{{/* "true" when some pool runs the DRA drivers, else empty. Fails on a Kubernetes older than
+1.34, which has no resource.k8s.io/v1. */}}
+{{- define "mockgpu.draAnywhere" -}}
+{{- $root := . }}
+{{- $on := false }}
+{{- range .Values.agent.pools }}
+{{- if eq (include "mockgpu.poolDra" (dict "root" $root "pool" .)) "true" }}{{ $on = true }}{{ end }}
+{{- end }}
+{{- if $on }}
+{{- if semverCompare "<1.34.0-0" .Capabilities.KubeVersion.Version }}
+{{- fail (printf "agent.dra: DRA needs Kubernetes 1.34 or later (resource.k8s.io/v1), this is %s" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+{{- "true" }}
+{{- end }}
 {{- end }}
