@@ -77,7 +77,7 @@ want "$D" "DRA off: no DeviceClass, no ResourceSlice policy, no DRA environment 
   '(kinds("DeviceClass") | length) == 0
    and ([.[] | select(.kind | startswith("ValidatingAdmissionPolicy")) | select(.metadata.name | endswith("resourceslices"))] | length) == 0
    and (ds("default") | pod | vol("plugins") == null and vol("plugins-registry") == null and vol("cdi") == null
-     and (ctr("agent") | env("MOCKGPU_DRA") == null and env("MOCKGPU_CDI_DIR") == null
+     and (ctr("agent") | env("MOCKGPU_DRA_GPUS") == null and env("MOCKGPU_DRA_COMPUTE_DOMAINS") == null and env("MOCKGPU_CDI_DIR") == null
        and mount("plugins") == null and mount("plugins-registry") == null and mount("cdi") == null))'
 want "$D" "rollout: a new agent before the old one stops" \
   'ds("default").spec.updateStrategy == {type: "RollingUpdate", rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}'
@@ -282,8 +282,9 @@ DRA_RULES='{g: ["resource.k8s.io"], r: ["resourceslices"], v: ["create", "delete
 
 render dra -f "$V/dra-values.yaml"
 P=$T/dra.json
-want "$P" "DRA: the agent serves the DRA drivers (MOCKGPU_DRA, the CDI directory, the kubelet's), without the device plugin" \
-  'ds("default") | pod | vol("device-plugins") == null and (ctr("agent") | env("MOCKGPU_DRA") == "true"
+want "$P" "DRA: the agent serves both DRA drivers (the CDI directory, the kubelet's), without the device plugin" \
+  'ds("default") | pod | vol("device-plugins") == null and (ctr("agent") | env("MOCKGPU_DRA_GPUS") == "true"
+   and env("MOCKGPU_DRA_COMPUTE_DOMAINS") == "true"
    and env("MOCKGPU_CDI_DIR") == "/var/run/cdi" and env("MOCKGPU_KUBELET_DIR") == "/var/lib/kubelet"
    and env("MOCKGPU_DEVICE_PLUGIN") == null and env("MOCKGPU_RESOURCE_NAME") == null and mount("device-plugins") == null)'
 want "$P" "DRA: plugins_registry/ and plugins/ (HostToContainer) of the kubelet's directory and the CDI directory, from the host" \
@@ -335,14 +336,14 @@ want "$P" "DRA on one pool: its agent serves DRA under k0s's kubelet directory a
   'ds("dra") | pod | vol("device-plugins") == null
    and vol("plugins-registry").hostPath.path == "/var/lib/k0s/kubelet/plugins_registry"
    and vol("plugins").hostPath.path == "/var/lib/k0s/kubelet/plugins" and vol("cdi").hostPath.path == "/etc/cdi"
-   and (ctr("agent") | env("MOCKGPU_DRA") == "true" and env("MOCKGPU_CDI_DIR") == "/etc/cdi"
+   and (ctr("agent") | env("MOCKGPU_DRA_GPUS") == "true" and env("MOCKGPU_CDI_DIR") == "/etc/cdi"
      and env("MOCKGPU_KUBELET_DIR") == "/var/lib/k0s/kubelet" and env("MOCKGPU_DEVICE_PLUGIN") == null
      and mount("plugins") == {name: "plugins", mountPath: "/var/lib/k0s/kubelet/plugins", mountPropagation: "HostToContainer"}
      and mount("cdi").mountPath == "/etc/cdi" and mount("device-plugins") == null)'
 want "$P" "DRA on one pool: the other pool keeps the device plugin, without DRA" \
   'ds("plugin") | pod | vol("device-plugins").hostPath.path == "/var/lib/k0s/kubelet/device-plugins"
    and vol("plugins") == null and vol("plugins-registry") == null and vol("cdi") == null
-   and (ctr("agent") | env("MOCKGPU_DEVICE_PLUGIN") == "true" and env("MOCKGPU_DRA") == null and env("MOCKGPU_CDI_DIR") == null
+   and (ctr("agent") | env("MOCKGPU_DEVICE_PLUGIN") == "true" and env("MOCKGPU_DRA_GPUS") == null and env("MOCKGPU_CDI_DIR") == null
      and env("MOCKGPU_KUBELET_DIR") == "/var/lib/k0s/kubelet" and mount("plugins") == null)'
 want "$P" "DRA on one pool, deviceClasses off (NVIDIA's chart has them): no DeviceClass, the agent's DRA rules and the ResourceSlice policy stay" \
   '(kinds("DeviceClass") | length) == 0
@@ -353,12 +354,19 @@ want "$P" "DRA on one pool: the doctor, on the first pool (the device plugin's),
   'obj("Pod"; "'$F'-doctor").spec | .nodeSelector == {pool: "plugin"} and vol("device-plugins").hostPath.path == "/var/lib/k0s/kubelet/device-plugins"
    and (ctr("doctor") | env("MOCKGPU_RESOURCE_NAME") == "nvidia.com/gpu")'
 
-render dra-opted-out --set agent.dra.enabled=true --set-json 'agent.pools=[{"name":"default","dra":false}]'
+render dra-opted-out --set agent.dra.gpus=true --set-json 'agent.pools=[{"name":"default","dra":{"gpus":false}}]'
 want "$T/dra-opted-out.json" "DRA on but every pool opting out: DRA nowhere (no DeviceClass, policy or DRA rule), the device plugin serves" \
   '(kinds("DeviceClass") | length) == 0 and (kinds("ValidatingAdmissionPolicy") | length) == 2
    and (obj("ClusterRole"; "'$F'-agent") | rules == ['"$AGENT_RULES"'])
-   and (ds("default") | pod | ctr("agent") | env("MOCKGPU_DRA") == null and env("MOCKGPU_DEVICE_PLUGIN") == "true"
+   and (ds("default") | pod | ctr("agent") | env("MOCKGPU_DRA_GPUS") == null and env("MOCKGPU_DEVICE_PLUGIN") == "true"
      and mount("plugins") == null)'
+
+render dra-channels --set agent.dra.computeDomains=true
+want "$T/dra-channels.json" "IMEX channels through DRA beside the device plugin (Slinky's slurmd keeps nvidia.com/gpu)" \
+  'ds("default") | pod | vol("device-plugins").hostPath.path == "/var/lib/kubelet/device-plugins"
+   and vol("plugins").hostPath.path == "/var/lib/kubelet/plugins"
+   and (ctr("agent") | env("MOCKGPU_DEVICE_PLUGIN") == "true" and env("MOCKGPU_DRA_COMPUTE_DOMAINS") == "true"
+     and env("MOCKGPU_DRA_GPUS") == null and env("MOCKGPU_CDI_DIR") == "/var/run/cdi")'
 
 render dra-no-policy -f "$V/dra-values.yaml" --set admissionPolicy.enabled=false
 want "$T/dra-no-policy.json" "DRA with the admission policies off: no policy at all, the DeviceClasses still" \
@@ -401,12 +409,12 @@ reject "an empty pool list" "at '/agent/pools': minItems: got 0, want 1" --set-j
 reject "no pool list" "at '/agent': missing property 'pools'" --set agent.pools=null
 reject "a port out of range" "at '/controller/port': maximum" --set controller.port=70000
 reject "remediation without slurmrestd" "at '/controller/remediation/slurmrestdUrl': '' does not match pattern" --set controller.remediation.enabled=true
-reject "a pool's dra not a boolean" "at '/agent/pools/0/dra': got string, want boolean" \
-  --set-json 'agent.pools=[{"name":"default","dra":"yes"}]'
+reject "a pool's dra.gpus not a boolean" "at '/agent/pools/0/dra/gpus': got string, want boolean" \
+  --set-json 'agent.pools=[{"name":"default","dra":{"gpus":"yes"}}]'
 reject "an unknown key under agent.dra" "at '/agent/dra': additional properties 'enable' not allowed" --set agent.dra.enable=true
 reject "a relative CDI directory" "at '/agent/dra/cdiDir': 'var/run/cdi' does not match pattern" --set agent.dra.cdiDir=var/run/cdi
 reject "DRA on a Kubernetes without resource.k8s.io/v1" "agent.dra: DRA needs Kubernetes 1.34 or later (resource.k8s.io/v1), this is v1.33.0" \
-  --set agent.dra.enabled=true --kube-version 1.33.0
+  --set agent.dra.gpus=true --kube-version 1.33.0
 reject "a profile from a file and a ConfigMap" 'agent pool "default": the profile sets both file and configMap.name; set one' \
   --set agent.profile.file=base:gb300 --set agent.profile.configMap.name=p
 

@@ -69,10 +69,12 @@ has(request.userInfo.extra) && 'authentication.kubernetes.io/node-name' in reque
 {{- printf "%s-profile-%s" (include "mockgpu.fullname" .root) .pool.name }}
 {{- end }}
 
-{{/* Whether a pool runs the DRA drivers: "true" or "false"; (dict "root" $ "pool" $pool). Its own
-`dra` when set, else agent.dra.enabled. */}}
+{{/* The DRA drivers a pool runs, as JSON {"gpus": bool, "computeDomains": bool}; (dict "root" $
+"pool" $pool): agent.dra's, each overridden by the pool's own `dra`. */}}
 {{- define "mockgpu.poolDra" -}}
-{{- if hasKey .pool "dra" }}{{ .pool.dra }}{{ else }}{{ .root.Values.agent.dra.enabled }}{{ end }}
+{{- $d := dict "gpus" .root.Values.agent.dra.gpus "computeDomains" .root.Values.agent.dra.computeDomains }}
+{{- range $k, $v := (.pool.dra | default dict) }}{{ $_ := set $d $k $v }}{{ end }}
+{{- toJson $d }}
 {{- end }}
 
 {{/* "true" when some pool runs the DRA drivers, else empty. Fails on a Kubernetes older than
@@ -81,7 +83,8 @@ has(request.userInfo.extra) && 'authentication.kubernetes.io/node-name' in reque
 {{- $root := . }}
 {{- $on := false }}
 {{- range .Values.agent.pools }}
-{{- if eq (include "mockgpu.poolDra" (dict "root" $root "pool" .)) "true" }}{{ $on = true }}{{ end }}
+{{- $d := include "mockgpu.poolDra" (dict "root" $root "pool" .) | fromJson }}
+{{- if or $d.gpus $d.computeDomains }}{{ $on = true }}{{ end }}
 {{- end }}
 {{- if $on }}
 {{- if semverCompare "<1.34.0-0" .Capabilities.KubeVersion.Version }}

@@ -47,8 +47,8 @@ spec:
 fn dra_values(bed: &Bed, on: bool) -> Result<()> {
     let repo = std::env::var("REPO").context("$REPO")?;
     let chart = format!("{repo}/charts/mockgpu");
-    let gpus = format!("agent.dra.gpus.enabled={on}");
-    let domains = format!("agent.dra.computeDomains.enabled={on}");
+    let gpus = format!("agent.dra.gpus={on}");
+    let domains = format!("agent.dra.computeDomains={on}");
     let mut args = vec!["upgrade", RELEASE[0], &chart, RELEASE[1], RELEASE[2]];
     args.extend(["--reuse-values", "--set", &gpus, "--set", &domains]);
     args.extend(["--wait", "--timeout", "180s"]);
@@ -307,7 +307,7 @@ const CHANNEL_JOB: &str = r#"c=$(find /dev/nvidia-caps-imex-channels -maxdepth 1
 /// see exactly one IMEX channel, and not the same one.
 pub async fn chart_slinky_imex(bed: &Bed) -> Result<()> {
     let client = client().await?;
-    let domains = "agent.dra.computeDomains.enabled=true";
+    let domains = "agent.dra.computeDomains=true";
     let repo = std::env::var("REPO").context("$REPO")?;
     let chart = format!("{repo}/charts/mockgpu");
     helm(bed, &["upgrade", RELEASE[0], &chart, RELEASE[1], RELEASE[2], "--reuse-values", "--set", domains, "--wait", "--timeout", "180s"])
