@@ -532,7 +532,15 @@ impl Agent {
             let ended = self.kubelet_plugin_ended.clone().drop_guard();
             self.tasks.spawn(async move {
                 let _ended = ended;
-                let run = dra::run(config, r.credentials, r.node_name, topology, faults, prepared, stop);
+                let run = dra::run(
+                    config,
+                    r.credentials,
+                    r.node_name,
+                    topology,
+                    faults,
+                    prepared,
+                    stop,
+                );
                 Ended::Dra(run.await)
             });
         }

@@ -24,8 +24,8 @@ use mockgpu_agent::dra::proto::dra::{
 use mockgpu_agent::dra::proto::registration::registration_client::RegistrationClient;
 use mockgpu_agent::dra::proto::registration::{InfoRequest, RegistrationStatus};
 use mockgpu_agent::dra::{self, ClaimSource, Config, Driver, Prepared};
-use mockgpu_api::dra::{AllocationMode, ChannelConfig};
 use mockgpu_api::NodeTopology;
+use mockgpu_api::dra::{AllocationMode, ChannelConfig};
 use tokio::sync::{oneshot, watch};
 use tonic::transport::{Channel, Endpoint};
 
@@ -173,7 +173,10 @@ async fn the_kubelet_registers_the_drivers_and_prepares_claims_through_cdi() {
     claims.add(claim(
         "two",
         "u-1",
-        &[("gpu.nvidia.com", "gpu-0", "gpus"), ("gpu.nvidia.com", "gpu-2", "gpus")],
+        &[
+            ("gpu.nvidia.com", "gpu-0", "gpus"),
+            ("gpu.nvidia.com", "gpu-2", "gpus"),
+        ],
         vec![],
     ));
     let mut gpus = DraPluginClient::new(dial(&config.plugin_socket(Driver::Gpu)).await);
@@ -186,7 +189,11 @@ async fn the_kubelet_registers_the_drivers_and_prepares_claims_through_cdi() {
         .into_inner();
     let ok = &answer.claims["u-1"];
     assert_eq!(ok.error, "");
-    let ids: Vec<&str> = ok.devices.iter().map(|d| d.cdi_device_ids[0].as_str()).collect();
+    let ids: Vec<&str> = ok
+        .devices
+        .iter()
+        .map(|d| d.cdi_device_ids[0].as_str())
+        .collect();
     assert_eq!(
         ids,
         [
@@ -212,7 +219,10 @@ async fn the_kubelet_registers_the_drivers_and_prepares_claims_through_cdi() {
         spec["devices"][1]["containerEdits"]["deviceNodes"][0]["path"],
         format!("/dev/nvidia{}", topo.gpus[2].minor)
     );
-    tokio::time::timeout(WAIT, listed.changed()).await.unwrap().unwrap();
+    tokio::time::timeout(WAIT, listed.changed())
+        .await
+        .unwrap()
+        .unwrap();
     let record = listed.borrow_and_update().clone();
     assert_eq!(record.len(), 1);
     assert_eq!(
@@ -278,7 +288,10 @@ async fn the_kubelet_registers_the_drivers_and_prepares_claims_through_cdi() {
     kept.sort();
     assert_eq!(
         kept,
-        [("u-1".to_string(), None), ("u-2".to_string(), Some("cd-1".to_string()))]
+        [
+            ("u-1".to_string(), None),
+            ("u-2".to_string(), Some("cd-1".to_string()))
+        ]
     );
 
     // Unprepare: the spec goes, the record too; twice is no error.
@@ -301,11 +314,23 @@ async fn the_kubelet_registers_the_drivers_and_prepares_claims_through_cdi() {
     wait_for_socket(&reg).await;
     let mut client = RegistrationClient::new(dial(&reg).await);
     assert_eq!(
-        client.get_info(InfoRequest {}).await.unwrap().into_inner().name,
+        client
+            .get_info(InfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .name,
         "gpu.nvidia.com"
     );
 
-    // Stopping removes the sockets, so the kubelet sees the plugins go.
+    // A successor (a rollout's surge agent) binds the channel driver's registration socket
+    // anew, in one step (a rename over it, so the path is never missing).
+    let successor = config.registration_socket(Driver::Channel);
+    let fresh = dir.path().join("successor.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&fresh).unwrap();
+    fs::rename(&fresh, &successor).unwrap();
+
+    // Stopping removes the sockets, so the kubelet sees the plugins go; not the successor's.
     stop.send(()).unwrap();
     tokio::time::timeout(WAIT, plugins)
         .await
@@ -313,15 +338,20 @@ async fn the_kubelet_registers_the_drivers_and_prepares_claims_through_cdi() {
         .unwrap()
         .unwrap();
     for driver in [Driver::Gpu, Driver::Channel] {
-        assert!(!config.registration_socket(driver).exists());
         assert!(!config.plugin_socket(driver).exists());
     }
+    assert!(!config.registration_socket(Driver::Gpu).exists());
+    assert!(successor.exists(), "the successor's socket was removed");
 }
 
 #[test]
 fn relative_directories_are_refused() {
-    let e = Config::new(vec![Driver::Gpu], Path::new("var/lib/kubelet"), Path::new("/c"))
-        .unwrap_err();
+    let e = Config::new(
+        vec![Driver::Gpu],
+        Path::new("var/lib/kubelet"),
+        Path::new("/c"),
+    )
+    .unwrap_err();
     assert_eq!(
         e.to_string(),
         "kubelet directory \"var/lib/kubelet\" must be an absolute path"

@@ -171,7 +171,12 @@ mod tests {
         );
         // No common edits: no empty object.
         let bare = Spec::new("v.x", vec![], Edits::default());
-        assert!(serde_json::to_value(&bare).unwrap().get("containerEdits").is_none());
+        assert!(
+            serde_json::to_value(&bare)
+                .unwrap()
+                .get("containerEdits")
+                .is_none()
+        );
     }
 
     #[test]
@@ -184,8 +189,7 @@ mod tests {
         );
         let spec = Spec::new("k8s.gpu.nvidia.com", vec![], Edits::default());
         write(&path, &spec).unwrap();
-        let read: serde_json::Value =
-            serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        let read: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
         assert_eq!(read["kind"], "k8s.gpu.nvidia.com/claim");
         // Only the spec is left: the temporary file was renamed.
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);

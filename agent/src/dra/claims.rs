@@ -66,7 +66,9 @@ pub enum PrepareError {
     #[error("claim {0} is not allocated")]
     NotAllocated(String),
     /// A device the allocation names is none of this node's.
-    #[error("claim {claim}: device {device} of pool {pool} is not one of {driver}'s devices on this node ({known})")]
+    #[error(
+        "claim {claim}: device {device} of pool {pool} is not one of {driver}'s devices on this node ({known})"
+    )]
     UnknownDevice {
         /// The claim.
         claim: String,
@@ -464,8 +466,15 @@ mod tests {
         );
         let p = plan(Driver::Gpu, &t, &c, &[]).unwrap();
         assert_eq!(p.record.devices, ["gpu-1", "gpu-3"]);
-        assert_eq!(p.record.gpus, [t.gpus[1].uuid.clone(), t.gpus[3].uuid.clone()]);
-        let ids: Vec<&str> = p.devices.iter().map(|d| d.cdi_device_ids[0].as_str()).collect();
+        assert_eq!(
+            p.record.gpus,
+            [t.gpus[1].uuid.clone(), t.gpus[3].uuid.clone()]
+        );
+        let ids: Vec<&str> = p
+            .devices
+            .iter()
+            .map(|d| d.cdi_device_ids[0].as_str())
+            .collect();
         assert_eq!(
             ids,
             [
@@ -475,15 +484,24 @@ mod tests {
         );
         assert_eq!(p.devices[0].request_names, ["gpus"]);
         let json = serde_json::to_value(&p.spec).unwrap();
-        assert_eq!(json["devices"][1]["containerEdits"]["deviceNodes"][0]["path"], "/dev/nvidia3");
+        assert_eq!(
+            json["devices"][1]["containerEdits"]["deviceNodes"][0]["path"],
+            "/dev/nvidia3"
+        );
         let common: Vec<&str> = json["containerEdits"]["deviceNodes"]
             .as_array()
             .unwrap()
             .iter()
             .map(|n| n["path"].as_str().unwrap())
             .collect();
-        assert_eq!(common, ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]);
-        assert_eq!(json["containerEdits"]["env"][0], "NVIDIA_VISIBLE_DEVICES=void");
+        assert_eq!(
+            common,
+            ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        );
+        assert_eq!(
+            json["containerEdits"]["env"][0],
+            "NVIDIA_VISIBLE_DEVICES=void"
+        );
     }
 
     #[test]
@@ -500,7 +518,10 @@ mod tests {
             plan(Driver::Gpu, &t, &c, &[]).unwrap_err(),
             PrepareError::NotAllocated("ns/c".into())
         );
-        let c = claim(vec![result(dra::CHANNEL_DRIVER, "channel-0", "channel")], vec![]);
+        let c = claim(
+            vec![result(dra::CHANNEL_DRIVER, "channel-0", "channel")],
+            vec![],
+        );
         assert_eq!(
             plan(Driver::Channel, &t, &c, &[]).unwrap_err(),
             PrepareError::NoChannelConfig("ns/c".into())
@@ -527,7 +548,10 @@ mod tests {
         );
         // no GPU environment on a channel claim
         assert!(p.spec.container_edits.env.is_empty());
-        let single = claim(results.clone(), vec![channel_config(AllocationMode::Single)]);
+        let single = claim(
+            results.clone(),
+            vec![channel_config(AllocationMode::Single)],
+        );
         let p = plan(Driver::Channel, &t, &single, &[]).unwrap();
         assert_eq!(p.spec.devices[0].container_edits.device_nodes.len(), 1);
         // Another claim holds the node's channels.
@@ -538,7 +562,9 @@ mod tests {
             ..p.record.clone()
         };
         assert_eq!(
-            plan(Driver::Channel, &t, &single, &[other]).unwrap_err().to_string(),
+            plan(Driver::Channel, &t, &single, &[other])
+                .unwrap_err()
+                .to_string(),
             "claim ns/c: the node's IMEX channels are held by claim ns/other"
         );
         // Off an NVLink fabric: prepared, without channels (as NVIDIA's driver does).

@@ -103,7 +103,10 @@ impl Config {
         kubelet_dir: &Path,
         cdi_dir: &Path,
     ) -> Result<Config, DraError> {
-        for (what, path) in [("kubelet directory", kubelet_dir), ("CDI directory", cdi_dir)] {
+        for (what, path) in [
+            ("kubelet directory", kubelet_dir),
+            ("CDI directory", cdi_dir),
+        ] {
             if !path.is_absolute() {
                 return Err(DraError::Relative {
                     what,
@@ -180,8 +183,16 @@ fn bind(path: &Path) -> Result<UnixListener, DraError> {
     UnixListener::bind(path).map_err(error)
 }
 
+/// A socket file's device and inode: whose it is.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// Serves the plugins of `config.drivers` until `stop` completes; serves their sockets again
-/// when one is removed. The sockets are removed at the end, so the kubelet sees the plugins go.
+/// when one is removed. The sockets still its own are removed at the end, so the kubelet sees
+/// the plugins go; those a successor serves by then (a rollout's surge agent binds the same
+/// paths) are left to it.
 pub async fn serve_plugins<C: ClaimSource>(
     config: &Config,
     source: C,
@@ -198,6 +209,7 @@ pub async fn serve_plugins<C: ClaimSource>(
         .collect();
     loop {
         let (end, ended) = watch::channel(false);
+        let mut own = Vec::new();
         for driver in &config.drivers {
             let endpoint = config.plugin_socket(*driver);
             // the plugin's socket first: the kubelet dials it once it sees the registration
@@ -209,15 +221,14 @@ pub async fn serve_plugins<C: ClaimSource>(
                 cdi_dir: config.cdi_dir.clone(),
             });
             spawn_server(bind(&endpoint)?, Routes::new(plugin), ended.clone());
+            own.push((endpoint.clone(), identity(&endpoint)));
             let registrar = RegistrationServer::new(Registrar {
                 driver: *driver,
                 endpoint,
             });
-            spawn_server(
-                bind(&config.registration_socket(*driver))?,
-                Routes::new(registrar),
-                ended.clone(),
-            );
+            let registration = config.registration_socket(*driver);
+            spawn_server(bind(&registration)?, Routes::new(registrar), ended.clone());
+            own.push((registration.clone(), identity(&registration)));
             tracing::info!(driver = driver.name(), socket = %config.registration_socket(*driver).display(), "DRA plugin serving");
         }
         let gone = loop {
@@ -235,8 +246,10 @@ pub async fn serve_plugins<C: ClaimSource>(
                 tracing::info!(socket = %socket.display(), "a DRA socket was removed: serving them again");
             }
             None => {
-                for socket in &sockets {
-                    let _ = std::fs::remove_file(socket);
+                for (socket, id) in &own {
+                    if identity(socket) == *id {
+                        let _ = std::fs::remove_file(socket);
+                    }
                 }
                 return Ok(());
             }

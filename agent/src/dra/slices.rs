@@ -13,11 +13,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use mockgpu_api::NodeTopology;
 use mockgpu_api::dra;
 use mockgpu_api::gpunode::AGENT_MANAGER;
-use mockgpu_api::NodeTopology;
 use tokio::sync::watch;
 
 use super::claims::Driver;
@@ -89,7 +89,18 @@ pub async fn publish(
         let topo = topology.borrow_and_update().clone();
         let unhealthy = faults.borrow_and_update().unhealthy.clone();
         if let Some(topo) = &topo {
-            match sync(&nodes, &slices, &node, &mut node_uid, &drivers, topo, &unhealthy, &mut applied).await {
+            match sync(
+                &nodes,
+                &slices,
+                &node,
+                &mut node_uid,
+                &drivers,
+                topo,
+                &unhealthy,
+                &mut applied,
+            )
+            .await
+            {
                 Ok(()) => failures = 0,
                 Err(e) => {
                     if failures == 0 {
@@ -137,7 +148,11 @@ async fn sync(
             continue;
         }
         slices
-            .patch(&name, &PatchParams::apply(AGENT_MANAGER).force(), &Patch::Apply(&want))
+            .patch(
+                &name,
+                &PatchParams::apply(AGENT_MANAGER).force(),
+                &Patch::Apply(&want),
+            )
             .await?;
         let count = want.spec.devices.as_ref().map_or(0, Vec::len);
         tracing::info!(slice = %name, devices = count, "ResourceSlice published");
@@ -160,13 +175,17 @@ mod tests {
             nr_cpu_ids: 4,
             ..Default::default()
         };
-        let topo = NodeTopology::build(&Profile::builtin("gb300").unwrap(), "node0", &host).unwrap();
+        let topo =
+            NodeTopology::build(&Profile::builtin("gb300").unwrap(), "node0", &host).unwrap();
         let names = |d: &[Device]| d.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
         let all = devices(Driver::Gpu, &topo, &BTreeSet::new());
         assert_eq!(names(&all), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
         let some = devices(Driver::Gpu, &topo, &BTreeSet::from([1]));
         assert_eq!(names(&some), ["gpu-0", "gpu-2", "gpu-3"]);
-        assert_eq!(names(&devices(Driver::Channel, &topo, &BTreeSet::new())), ["channel-0"]);
+        assert_eq!(
+            names(&devices(Driver::Channel, &topo, &BTreeSet::new())),
+            ["channel-0"]
+        );
         let s = slice(Driver::Gpu, "node0", "uid-0", all);
         assert_eq!(s.metadata.name.as_deref(), Some("node0-gpu.nvidia.com"));
         assert_eq!(s.spec.pool.name, "node0");

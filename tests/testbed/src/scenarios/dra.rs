@@ -100,7 +100,13 @@ pub async fn chart_dra(bed: &Bed) -> Result<()> {
     let d = delete_namespace(&client, NS, 60).await;
     let back = dra_values(bed, false).context("helm upgrade back to the device plugin");
     let nodes = Api::all(client.clone());
-    let four = wait_object(&nodes, NODE, 60, "allocatable nvidia.com/gpu = 4 again", allocatable_is("4"));
+    let four = wait_object(
+        &nodes,
+        NODE,
+        60,
+        "allocatable nvidia.com/gpu = 4 again",
+        allocatable_is("4"),
+    );
     r.and(d).and(back).and(four.await.map(|_| ()))
 }
 
@@ -111,14 +117,43 @@ async fn on_dra(bed: &Bed, client: &Client) -> Result<()> {
         s.and_then(|s| s.spec.devices.as_ref())
             .is_some_and(|d| d.len() == 4)
     };
-    if let Err(e) = wait_object(&slices, &gpu_slice, 60, "the GPU slice with 4 devices", four).await {
-        bail!("{e:#}\n{}", pods_report(client, "mockgpu-system", "app.kubernetes.io/component=agent", 30).await);
+    if let Err(e) = wait_object(
+        &slices,
+        &gpu_slice,
+        60,
+        "the GPU slice with 4 devices",
+        four,
+    )
+    .await
+    {
+        bail!(
+            "{e:#}\n{}",
+            pods_report(
+                client,
+                "mockgpu-system",
+                "app.kubernetes.io/component=agent",
+                30
+            )
+            .await
+        );
     }
     let channel_slice = format!("{NODE}-compute-domain.nvidia.com");
-    wait_object(&slices, &channel_slice, 60, "the channel slice", |s: Option<&ResourceSlice>| s.is_some()).await?;
+    wait_object(
+        &slices,
+        &channel_slice,
+        60,
+        "the channel slice",
+        |s: Option<&ResourceSlice>| s.is_some(),
+    )
+    .await?;
     let yaml = kubectl(&["get", "resourceslices", "-o", "yaml"])?;
     std::fs::write(bed.state.join("resourceslices.yaml"), &yaml)?;
-    println!("  kubectl get resourceslices: {}", kubectl(&["get", "resourceslices"])?.trim_end().replace('\n', "\n  "));
+    println!(
+        "  kubectl get resourceslices: {}",
+        kubectl(&["get", "resourceslices"])?
+            .trim_end()
+            .replace('\n', "\n  ")
+    );
     two_gpus_by_product(client).await?;
     no_gpu_satisfies(client).await?;
     compute_domain(bed, client).await
@@ -128,11 +163,24 @@ async fn on_dra(bed: &Bed, client: &Client) -> Result<()> {
 /// and the GpuNode records the claim with their UUIDs.
 async fn two_gpus_by_product(client: &Client) -> Result<()> {
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
-    claims.create(&PostParams::default(), &gpu_claim("two-gb300", 2, "NVIDIA GB300")?).await?;
+    claims
+        .create(
+            &PostParams::default(),
+            &gpu_claim("two-gb300", 2, "NVIDIA GB300")?,
+        )
+        .await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let pod = claim_pod("dra-2", NS, json!({"resourceClaimName": "two-gb300"}))?;
     pods.create(&PostParams::default(), &pod).await?;
-    if let Err(e) = wait_object(&pods, "dra-2", 120, "the 2-GPU claim's pod Ready", pod_ready()).await {
+    if let Err(e) = wait_object(
+        &pods,
+        "dra-2",
+        120,
+        "the 2-GPU claim's pod Ready",
+        pod_ready(),
+    )
+    .await
+    {
         bail!("{e:#}\n{}", pods_report(client, NS, "", 20).await);
     }
     let claim = claims.get("two-gb300").await?;
@@ -142,21 +190,47 @@ async fn two_gpus_by_product(client: &Client) -> Result<()> {
         .and_then(|a| a.devices)
         .map(|d| d.results.into_iter().flatten().map(|r| r.device).collect())
         .unwrap_or_default();
-    ensure!(allocated.len() == 2, "claim two-gb300 allocated {allocated:?}, want 2 devices");
-    let (dev, _) = kubectl_exec(NS, "dra-2", &["sh", "-c", "ls /dev | grep -E '^nvidia[0-9]+$'"])?;
-    let mut minors: Vec<String> = dev.lines().map(|l| format!("gpu-{}", &l["nvidia".len()..])).collect();
+    ensure!(
+        allocated.len() == 2,
+        "claim two-gb300 allocated {allocated:?}, want 2 devices"
+    );
+    let (dev, _) = kubectl_exec(
+        NS,
+        "dra-2",
+        &["sh", "-c", "ls /dev | grep -E '^nvidia[0-9]+$'"],
+    )?;
+    let mut minors: Vec<String> = dev
+        .lines()
+        .map(|l| format!("gpu-{}", &l["nvidia".len()..]))
+        .collect();
     minors.sort();
     let mut want = allocated.clone();
     want.sort();
-    ensure!(minors == want, "the pod's GPU device nodes {dev:?}: want those of {allocated:?}");
+    ensure!(
+        minors == want,
+        "the pod's GPU device nodes {dev:?}: want those of {allocated:?}"
+    );
     let gpunodes: Api<GpuNode> = Api::all(client.clone());
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     let recorded = |g: Option<&GpuNode>| {
         g.and_then(|g| g.status.as_ref())
             .is_some_and(|s| s.claims.iter().any(|c| c.uid == uid && c.gpus.len() == 2))
     };
-    let g = wait_object(&gpunodes, NODE, 30, "the GpuNode to list claim two-gb300", recorded).await?;
-    let record = g.status.unwrap_or_default().claims.into_iter().find(|c| c.uid == uid).context("no record")?;
+    let g = wait_object(
+        &gpunodes,
+        NODE,
+        30,
+        "the GpuNode to list claim two-gb300",
+        recorded,
+    )
+    .await?;
+    let record = g
+        .status
+        .unwrap_or_default()
+        .claims
+        .into_iter()
+        .find(|c| c.uid == uid)
+        .context("no record")?;
     let (smi, code) = kubectl_exec(NS, "dra-2", &["nvidia-smi", "-L"])?;
     let listed: Vec<&str> = smi.lines().filter(|l| l.starts_with("GPU ")).collect();
     ensure!(
@@ -168,14 +242,24 @@ async fn two_gpus_by_product(client: &Client) -> Result<()> {
     for l in listed {
         println!("  nvidia-smi -L: {l}");
     }
-    println!("  GpuNode {NODE} claims: {}/{} {:?} GPUs {:?}", record.namespace, record.name, record.devices, record.gpus);
+    println!(
+        "  GpuNode {NODE} claims: {}/{} {:?} GPUs {:?}",
+        record.namespace, record.name, record.devices, record.gpus
+    );
     pods.delete("dra-2", &DeleteParams::default()).await?;
     wait_deleted(&pods, "dra-2", 60, "pod dra-2 to go").await?;
     let released = |g: Option<&GpuNode>| {
         g.and_then(|g| g.status.as_ref())
             .is_some_and(|s| !s.claims.iter().any(|c| c.uid == uid))
     };
-    wait_object(&gpunodes, NODE, 60, "the claim unprepared (gone from the GpuNode)", released).await?;
+    wait_object(
+        &gpunodes,
+        NODE,
+        60,
+        "the claim unprepared (gone from the GpuNode)",
+        released,
+    )
+    .await?;
     Ok(())
 }
 
@@ -183,15 +267,34 @@ async fn two_gpus_by_product(client: &Client) -> Result<()> {
 /// reason.
 async fn no_gpu_satisfies(client: &Client) -> Result<()> {
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
-    claims.create(&PostParams::default(), &gpu_claim("h100", 1, "NVIDIA H100 80GB HBM3")?).await?;
+    claims
+        .create(
+            &PostParams::default(),
+            &gpu_claim("h100", 1, "NVIDIA H100 80GB HBM3")?,
+        )
+        .await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    pods.create(&PostParams::default(), &claim_pod("dra-none", NS, json!({"resourceClaimName": "h100"}))?).await?;
+    pods.create(
+        &PostParams::default(),
+        &claim_pod("dra-none", NS, json!({"resourceClaimName": "h100"}))?,
+    )
+    .await?;
     let unschedulable = |p: Option<&Pod>| {
         p.and_then(|p| p.status.as_ref())
             .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "PodScheduled" && c.status == "False"))
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "PodScheduled" && c.status == "False")
+            })
     };
-    let p = wait_object(&pods, "dra-none", 60, "pod dra-none unschedulable", unschedulable).await?;
+    let p = wait_object(
+        &pods,
+        "dra-none",
+        60,
+        "pod dra-none unschedulable",
+        unschedulable,
+    )
+    .await?;
     let message = p
         .status
         .and_then(|s| s.conditions)
@@ -222,14 +325,24 @@ async fn compute_domain(bed: &Bed, client: &Client) -> Result<()> {
 /// Applies the guide's ComputeDomain as written.
 fn apply_guide_domain() -> Result<()> {
     let mut apply = kubectl_command(&["apply", "-f", "-"])?;
-    apply.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+    apply
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
     let mut child = apply.spawn().context("kubectl apply")?;
     {
         use std::io::Write as _;
-        child.stdin.take().context("kubectl's stdin")?.write_all(COMPUTE_DOMAIN.as_bytes())?;
+        child
+            .stdin
+            .take()
+            .context("kubectl's stdin")?
+            .write_all(COMPUTE_DOMAIN.as_bytes())?;
     }
     let out = child.wait_with_output()?;
-    ensure!(out.status.success(), "kubectl apply of the guide's ComputeDomain: {}", String::from_utf8_lossy(&out.stdout));
+    ensure!(
+        out.status.success(),
+        "kubectl apply of the guide's ComputeDomain: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     Ok(())
 }
 
@@ -239,31 +352,76 @@ async fn domain_pod(bed: &Bed, client: &Client) -> Result<()> {
     let cd = domains.get("slurm-compute-domain").await?;
     let cd_uid = cd.metadata.uid.clone().unwrap_or_default();
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), CD_NS);
-    let t = wait_object(&templates, "slurm-test-compute-domain", 60, "the controller's ResourceClaimTemplate", |t: Option<&ResourceClaimTemplate>| t.is_some()).await?;
+    let t = wait_object(
+        &templates,
+        "slurm-test-compute-domain",
+        60,
+        "the controller's ResourceClaimTemplate",
+        |t: Option<&ResourceClaimTemplate>| t.is_some(),
+    )
+    .await?;
     let spec = serde_json::to_value(&t.spec)?;
     ensure!(
-        spec["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "compute-domain-default-channel.nvidia.com"
-            && spec["spec"]["devices"]["config"][0]["opaque"]["parameters"]["domainID"] == cd_uid.as_str()
-            && spec["spec"]["devices"]["config"][0]["opaque"]["parameters"]["allocationMode"] == "All",
+        spec["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
+            == "compute-domain-default-channel.nvidia.com"
+            && spec["spec"]["devices"]["config"][0]["opaque"]["parameters"]["domainID"]
+                == cd_uid.as_str()
+            && spec["spec"]["devices"]["config"][0]["opaque"]["parameters"]["allocationMode"]
+                == "All",
         "the ComputeDomain's ResourceClaimTemplate: {spec:#}"
     );
     let pods: Api<Pod> = Api::namespaced(client.clone(), CD_NS);
-    let pod = claim_pod("imex", CD_NS, json!({"resourceClaimTemplateName": "slurm-test-compute-domain"}))?;
+    let pod = claim_pod(
+        "imex",
+        CD_NS,
+        json!({"resourceClaimTemplateName": "slurm-test-compute-domain"}),
+    )?;
     pods.create(&PostParams::default(), &pod).await?;
     let r = imex_pod(bed, client, &domains, &pods, &cd_uid).await;
     pods.delete("imex", &DeleteParams::default()).await.ok();
     let gone = wait_deleted(&pods, "imex", 60, "pod imex to go").await;
-    domains.delete("slurm-compute-domain", &DeleteParams::default()).await.ok();
-    let cd_gone = wait_deleted(&domains, "slurm-compute-domain", 60, "the ComputeDomain to go (its finalizer removed)").await;
+    domains
+        .delete("slurm-compute-domain", &DeleteParams::default())
+        .await
+        .ok();
+    let cd_gone = wait_deleted(
+        &domains,
+        "slurm-compute-domain",
+        60,
+        "the ComputeDomain to go (its finalizer removed)",
+    )
+    .await;
     r.and(gone).and(cd_gone)
 }
 
-async fn imex_pod(bed: &Bed, client: &Client, domains: &Api<ComputeDomain>, pods: &Api<Pod>, cd_uid: &str) -> Result<()> {
-    if let Err(e) = wait_object(pods, "imex", 120, "the channel claim's pod Ready", pod_ready()).await {
+async fn imex_pod(
+    bed: &Bed,
+    client: &Client,
+    domains: &Api<ComputeDomain>,
+    pods: &Api<Pod>,
+    cd_uid: &str,
+) -> Result<()> {
+    if let Err(e) = wait_object(
+        pods,
+        "imex",
+        120,
+        "the channel claim's pod Ready",
+        pod_ready(),
+    )
+    .await
+    {
         bail!("{e:#}\n{}", pods_report(client, CD_NS, "", 20).await);
     }
-    let (count, _) = kubectl_exec(CD_NS, "imex", &["sh", "-c", "ls /dev/nvidia-caps-imex-channels | wc -l"])?;
-    ensure!(count.trim() == "2048", "the pod has {} IMEX channels, want 2048 (allocationMode: All)", count.trim());
+    let (count, _) = kubectl_exec(
+        CD_NS,
+        "imex",
+        &["sh", "-c", "ls /dev/nvidia-caps-imex-channels | wc -l"],
+    )?;
+    ensure!(
+        count.trim() == "2048",
+        "the pod has {} IMEX channels, want 2048 (allocationMode: All)",
+        count.trim()
+    );
     // (the pod holds no GPU, so it is not injected: the mock's /proc/devices is the agent's)
     let devices = bed.in_node(&["cat", "/run/mockgpu/fs/proc/devices"])?;
     let major = devices
@@ -271,8 +429,21 @@ async fn imex_pod(bed: &Bed, client: &Client, domains: &Api<ComputeDomain>, pods
         .find_map(|l| l.trim().strip_suffix(" nvidia-caps-imex-channels"))
         .context("the mock's /proc/devices lists no nvidia-caps-imex-channels")?
         .to_owned();
-    let (stat, _) = kubectl_exec(CD_NS, "imex", &["stat", "-c", "%F %t:%T", "/dev/nvidia-caps-imex-channels/channel5"])?;
-    let hex_major = major.trim().parse::<u32>().map(|m| format!("{m:x}")).unwrap_or_default();
+    let (stat, _) = kubectl_exec(
+        CD_NS,
+        "imex",
+        &[
+            "stat",
+            "-c",
+            "%F %t:%T",
+            "/dev/nvidia-caps-imex-channels/channel5",
+        ],
+    )?;
+    let hex_major = major
+        .trim()
+        .parse::<u32>()
+        .map(|m| format!("{m:x}"))
+        .unwrap_or_default();
     ensure!(
         stat.trim() == format!("character special file {hex_major}:5"),
         "channel5 in the pod: {stat:?}, want a character device {}:5 (the IMEX major of /proc/devices)",
@@ -282,18 +453,51 @@ async fn imex_pod(bed: &Bed, client: &Client, domains: &Api<ComputeDomain>, pods
         d.and_then(|d| d.status.as_ref())
             .is_some_and(|s| s.status == READY && s.nodes.iter().any(|n| n.name == NODE))
     };
-    let cd = wait_object(domains, "slurm-compute-domain", 60, "the ComputeDomain Ready with node0", ready).await?;
-    let node = cd.status.unwrap_or_default().nodes.into_iter().find(|n| n.name == NODE).context("node0")?;
-    ensure!(node.clique_id.ends_with(".32766"), "node0's cliqueID {:?}: want the gb300 profile's <cluster UUID>.32766", node.clique_id);
+    let cd = wait_object(
+        domains,
+        "slurm-compute-domain",
+        60,
+        "the ComputeDomain Ready with node0",
+        ready,
+    )
+    .await?;
+    let node = cd
+        .status
+        .unwrap_or_default()
+        .nodes
+        .into_iter()
+        .find(|n| n.name == NODE)
+        .context("node0")?;
+    ensure!(
+        node.clique_id.ends_with(".32766"),
+        "node0's cliqueID {:?}: want the gb300 profile's <cluster UUID>.32766",
+        node.clique_id
+    );
     let gpunodes: Api<GpuNode> = Api::all(client.clone());
     let recorded = |g: Option<&GpuNode>| {
         g.and_then(|g| g.status.as_ref()).is_some_and(|s| {
-            s.claims.iter().any(|c| c.domain.as_deref() == Some(cd_uid) && c.channels == Some(2048))
+            s.claims
+                .iter()
+                .any(|c| c.domain.as_deref() == Some(cd_uid) && c.channels == Some(2048))
         })
     };
-    wait_object(&gpunodes, NODE, 30, "the GpuNode to list the channel claim", recorded).await?;
-    println!("  ComputeDomain slurm-compute-domain: Ready, node {} (cliqueID {}, {})", node.name, node.clique_id, node.ip_address);
-    println!("  its pod: 2048 channels, channel5 = {} (major {} of /proc/devices)", stat.trim(), major.trim());
+    wait_object(
+        &gpunodes,
+        NODE,
+        30,
+        "the GpuNode to list the channel claim",
+        recorded,
+    )
+    .await?;
+    println!(
+        "  ComputeDomain slurm-compute-domain: Ready, node {} (cliqueID {}, {})",
+        node.name, node.clique_id, node.ip_address
+    );
+    println!(
+        "  its pod: 2048 channels, channel5 = {} (major {} of /proc/devices)",
+        stat.trim(),
+        major.trim()
+    );
     Ok(())
 }
 
@@ -310,8 +514,23 @@ pub async fn chart_slinky_imex(bed: &Bed) -> Result<()> {
     let domains = "agent.dra.computeDomains=true";
     let repo = std::env::var("REPO").context("$REPO")?;
     let chart = format!("{repo}/charts/mockgpu");
-    helm(bed, &["upgrade", RELEASE[0], &chart, RELEASE[1], RELEASE[2], "--reuse-values", "--set", domains, "--wait", "--timeout", "180s"])
-        .context("helm upgrade with the channel driver on")?;
+    helm(
+        bed,
+        &[
+            "upgrade",
+            RELEASE[0],
+            &chart,
+            RELEASE[1],
+            RELEASE[2],
+            "--reuse-values",
+            "--set",
+            domains,
+            "--wait",
+            "--timeout",
+            "180s",
+        ],
+    )
+    .context("helm upgrade with the channel driver on")?;
     let r = slinky_imex(bed, &client).await;
     let down = slinky::down(&client, false).await;
     let back = dra_values(bed, false).context("helm upgrade back without DRA");
@@ -319,15 +538,31 @@ pub async fn chart_slinky_imex(bed: &Bed) -> Result<()> {
 }
 
 async fn slinky_imex(bed: &Bed, client: &Client) -> Result<()> {
-    slinky::controller_up(client, bed, "nvidia", false, "SwitchType=switch/nvidia_imex\n").await?;
+    slinky::controller_up(
+        client,
+        bed,
+        "nvidia",
+        false,
+        "SwitchType=switch/nvidia_imex\n",
+    )
+    .await?;
     apply_guide_domain()?;
-    slinky::nodeset_up(client, &[NODE.to_owned()], false, Some("slurm-test-compute-domain")).await?;
+    slinky::nodeset_up(
+        client,
+        &[NODE.to_owned()],
+        false,
+        Some("slurm-test-compute-domain"),
+    )
+    .await?;
     let script = format!(
         "srun -N1 --gres=gpu:1 sh -c '{job}' & a=$!; srun -N1 --gres=gpu:1 sh -c '{job}' & b=$!; wait $a; ra=$?; wait $b; rb=$?; echo \"exits $ra $rb\"",
         job = CHANNEL_JOB.replace('\'', "'\\''")
     );
     let out = slinky::ctld(&["bash", "-c", &script])?;
-    let channels: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("IMEX_CHANNEL=")).collect();
+    let channels: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("IMEX_CHANNEL="))
+        .collect();
     ensure!(
         out.contains("exits 0 0") && channels.len() == 2,
         "two concurrent jobs: want each to see exactly one IMEX channel:\n{out}"
@@ -338,7 +573,8 @@ async fn slinky_imex(bed: &Bed, client: &Client) -> Result<()> {
     );
     for c in &channels {
         ensure!(
-            c.strip_prefix("/dev/nvidia-caps-imex-channels/channel").is_some_and(|n| !n.is_empty() && !n.contains('/')),
+            c.strip_prefix("/dev/nvidia-caps-imex-channels/channel")
+                .is_some_and(|n| !n.is_empty() && !n.contains('/')),
             "invalid IMEX channel path {c:?}"
         );
     }

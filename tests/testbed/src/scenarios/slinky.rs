@@ -549,7 +549,8 @@ pub(crate) async fn nodeset_up(
         if let Some(template) = claim_template {
             spec["resourceClaims"] = json!([{"name": "compute-domain-channel",
                 "resourceClaimTemplateName": template}]);
-            spec["containers"][0]["resources"]["claims"] = json!([{"name": "compute-domain-channel"}]);
+            spec["containers"][0]["resources"]["claims"] =
+                json!([{"name": "compute-domain-channel"}]);
         }
         // the operator's preStop: Slurm takes the node down before slurmd stops
         spec["containers"][0]["lifecycle"] = json!({"preStop": {"exec": {"command": ["/usr/bin/sh", "-c",
