@@ -36,17 +36,11 @@ pub async fn run(
     stop: impl Future<Output = ()>,
 ) {
     tokio::pin!(stop);
-    let client = loop {
-        match credentials.client().await {
-            Ok(c) => break c,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch GpuFaults yet; retrying");
-                tokio::select! {
-                    _ = &mut stop => return,
-                    _ = tokio::time::sleep(RETRY) => {}
-                }
-            }
-        }
+    let Some(client) = credentials
+        .client_until("watching GpuFaults", RETRY, stop.as_mut())
+        .await
+    else {
+        return;
     };
     let api: Api<GpuFault> = Api::all(client);
     let mut events = watcher::watcher(api.clone(), watcher::Config::default())

@@ -37,74 +37,62 @@ pub fn computedomain_yaml() -> Result<String, serde_saphyr::ser::Error> {
 mod tests {
     use std::path::Path;
 
-    /// The chart's copy of the CRD (regenerate: `cargo run -p mockgpu-controller -- crd >
-    /// charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`, or `MOCKGPU_WRITE_CRDS=1 cargo test -p
-    /// mockgpu-controller crd::`, which rewrites both CRDs).
-    const CHART_COPY: &str = "../charts/mockgpu/crds/gpunodes.mockgpu.io.yaml";
-
     #[test]
     fn the_charts_crd_is_the_generated_one() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(CHART_COPY);
+        use kube::CustomResourceExt;
+        charts_copy_is(
+            "../charts/mockgpu/crds/gpunodes.mockgpu.io.yaml",
+            &super::yaml().unwrap(),
+            "GpuNode",
+            mockgpu_api::GpuNode::crd(),
+        );
+    }
+
+    /// Asserts that the chart's copy `copy` of a CRD is `generated` (the YAML of `crd`, the
+    /// type `kind`); `MOCKGPU_WRITE_CRDS=1` rewrites the copy first.
+    fn charts_copy_is(
+        copy: &str,
+        generated: &str,
+        kind: &str,
+        crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    ) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(copy);
         if std::env::var_os("MOCKGPU_WRITE_CRDS").is_some() {
-            std::fs::write(&path, super::yaml().unwrap()).unwrap();
+            std::fs::write(&path, generated).unwrap();
         }
         let chart =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(
-            chart == super::yaml().unwrap(),
-            "{} differs from `mockgpu-controller crd`; regenerate it with \
-             `cargo run -p mockgpu-controller -- crd > charts/mockgpu/crds/gpunodes.mockgpu.io.yaml`",
+            chart == generated,
+            "{} differs from the {kind} type; regenerate it with \
+             `MOCKGPU_WRITE_CRDS=1 cargo test -p mockgpu-controller crd::`",
             path.display()
         );
+        let parsed: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+            serde_saphyr::from_str(generated).unwrap();
+        assert_eq!(parsed, crd);
     }
-
-    /// The chart's copy of the GpuFault CRD.
-    const GPUFAULT_COPY: &str = "../charts/mockgpu/crds/gpufaults.mockgpu.io.yaml";
 
     #[test]
     fn the_charts_gpufault_crd_is_the_generated_one() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(GPUFAULT_COPY);
-        let generated = super::gpufault_yaml().unwrap();
-        if std::env::var_os("MOCKGPU_WRITE_CRDS").is_some() {
-            std::fs::write(&path, &generated).unwrap();
-        }
-        let chart =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert!(
-            chart == generated,
-            "{} differs from the GpuFault type; regenerate it with \
-             `MOCKGPU_WRITE_CRDS=1 cargo test -p mockgpu-controller crd::`",
-            path.display()
-        );
-        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         use kube::CustomResourceExt;
-        let crd: CustomResourceDefinition = serde_saphyr::from_str(&generated).unwrap();
-        assert_eq!(crd, mockgpu_api::GpuFault::crd());
+        charts_copy_is(
+            "../charts/mockgpu/crds/gpufaults.mockgpu.io.yaml",
+            &super::gpufault_yaml().unwrap(),
+            "GpuFault",
+            mockgpu_api::GpuFault::crd(),
+        );
     }
-
-    /// The chart's copy of the ComputeDomain CRD.
-    const COMPUTEDOMAIN_COPY: &str =
-        "../charts/mockgpu/crds/computedomains.resource.nvidia.com.yaml";
 
     #[test]
     fn the_charts_computedomain_crd_is_the_generated_one() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(COMPUTEDOMAIN_COPY);
-        let generated = super::computedomain_yaml().unwrap();
-        if std::env::var_os("MOCKGPU_WRITE_CRDS").is_some() {
-            std::fs::write(&path, &generated).unwrap();
-        }
-        let chart =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert!(
-            chart == generated,
-            "{} differs from the ComputeDomain type; regenerate it with \
-             `MOCKGPU_WRITE_CRDS=1 cargo test -p mockgpu-controller crd::`",
-            path.display()
-        );
-        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         use kube::CustomResourceExt;
-        let crd: CustomResourceDefinition = serde_saphyr::from_str(&generated).unwrap();
-        assert_eq!(crd, mockgpu_api::dra::ComputeDomain::crd());
+        charts_copy_is(
+            "../charts/mockgpu/crds/computedomains.resource.nvidia.com.yaml",
+            &super::computedomain_yaml().unwrap(),
+            "ComputeDomain",
+            mockgpu_api::dra::ComputeDomain::crd(),
+        );
     }
 
     /// The chart's DeviceClasses carry the contract's names and CEL selectors, verbatim.

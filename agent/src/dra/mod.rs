@@ -284,17 +284,12 @@ pub async fn run(
     stop: impl Future<Output = ()>,
 ) -> Result<(), DraError> {
     tokio::pin!(stop);
-    let client = loop {
-        match credentials.client().await {
-            Ok(c) => break c,
-            Err(e) => {
-                tracing::warn!(error = %e, "the DRA driver cannot reach the API server yet; retrying");
-                tokio::select! {
-                    _ = &mut stop => return Ok(()),
-                    _ = tokio::time::sleep(Duration::from_secs(10)) => {}
-                }
-            }
-        }
+    let retry = Duration::from_secs(10);
+    let Some(client) = credentials
+        .client_until("the DRA driver", retry, stop.as_mut())
+        .await
+    else {
+        return Ok(());
     };
     let (end, ended) = watch::channel(false);
     let mut ended_slices = ended.clone();

@@ -74,6 +74,28 @@ impl Credentials {
         Client::try_from(config)
             .map_err(|e| ApiError(format!("cannot build a Kubernetes client: {e}")))
     }
+
+    /// A client, tried again every `retry` until one is made (a failure logged as what `task`
+    /// cannot do yet); `None` when `stop` completes first.
+    pub async fn client_until<F: std::future::Future<Output = ()>>(
+        &self,
+        task: &str,
+        retry: std::time::Duration,
+        mut stop: std::pin::Pin<&mut F>,
+    ) -> Option<Client> {
+        loop {
+            match self.client().await {
+                Ok(c) => return Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "{task}: no API server yet; retrying");
+                    tokio::select! {
+                        _ = stop.as_mut() => return None,
+                        _ = tokio::time::sleep(retry) => {}
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The API server, reached with [`Credentials`]; the client is made at the first request that
