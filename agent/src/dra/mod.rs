@@ -16,6 +16,7 @@
 //! and `DRAPlugin` on `<kubelet>/plugins/<driver>/dra.sock`, publishes the node's ResourceSlice
 //! ([`slices`]), and lists the claims it prepared in the GpuNode.
 
+mod authority;
 mod cdi;
 mod claims;
 mod service;
@@ -32,6 +33,7 @@ use kube::Api;
 use mockgpu_api::NodeTopology;
 use tokio::net::UnixListener;
 use tokio::sync::watch;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
 use tonic::transport::Server;
@@ -227,7 +229,7 @@ pub async fn serve_plugins<C: ClaimSource>(
                 endpoint,
             });
             let registration = config.registration_socket(*driver);
-            spawn_server(bind(&registration)?, Routes::new(registrar), ended.clone());
+            spawn_registration(bind(&registration)?, Routes::new(registrar), ended.clone());
             own.push((registration.clone(), identity(&registration)));
             tracing::info!(driver = driver.name(), socket = %config.registration_socket(*driver).display(), "DRA plugin serving");
         }
@@ -268,6 +270,46 @@ fn spawn_server(listener: UnixListener, routes: Routes, mut ended: watch::Receiv
             .await;
         if let Err(e) = result {
             tracing::warn!(error = %e, "DRA plugin server ended");
+        }
+    });
+}
+
+/// Serves `routes` to the connections of the registration socket `listener`, each through
+/// [`authority::relay`] (the kubelet's plugin watcher sends an `:authority` tonic refuses), until
+/// `ended` turns true.
+fn spawn_registration(listener: UnixListener, routes: Routes, mut ended: watch::Receiver<bool>) {
+    let (conns, incoming) = tokio::sync::mpsc::channel::<tokio::io::DuplexStream>(4);
+    let mut stop = ended.clone();
+    tokio::spawn(async move {
+        loop {
+            let client = tokio::select! {
+                _ = stop.wait_for(|e| *e) => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((client, _)) => client,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the DRA registration socket fails");
+                        return;
+                    }
+                },
+            };
+            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            if conns.send(theirs).await.is_err() {
+                return;
+            }
+            tokio::spawn(authority::relay(client, ours));
+        }
+    });
+    let incoming =
+        tokio_stream::wrappers::ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>);
+    tokio::spawn(async move {
+        let result = Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = ended.wait_for(|e| *e).await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "DRA registration server ended");
         }
     });
 }
