@@ -505,6 +505,11 @@ async fn imex_pod(
 /// channel device, printed, then a wait so that the two jobs overlap.
 const CHANNEL_JOB: &str = r#"c=$(find /dev/nvidia-caps-imex-channels -maxdepth 1 -type c -name 'channel*' -print 2>/dev/null); n=$(printf '%s' "$c" | grep -c .); if [ "$n" != 1 ]; then echo "IMEX_CHANNEL_ERROR=expected exactly one channel, found $n: $c"; exit 1; fi; echo "IMEX_CHANNEL=$c"; sleep 10"#;
 
+/// Each job's `srun`, as NVIDIA's check runs it: small enough (one CPU, 128 MiB, one GPU) that
+/// the two run at once on one node, and given up when they cannot start within 30 s.
+const SRUN: &str =
+    "srun --immediate=30 --nodes=1 --ntasks=1 --cpus-per-task=1 --mem=128M --gres=gpu:1";
+
 /// Slurm's `switch/nvidia_imex` in the Slinky shape (`chart-slinky-imex`): the guide's
 /// ComputeDomain, slurmctld with `SwitchType=switch/nvidia_imex`, the NodeSet's slurmd with the
 /// domain's channel claim (the device plugin still gives it the GPUs); two concurrent jobs each
@@ -555,7 +560,8 @@ async fn slinky_imex(bed: &Bed, client: &Client) -> Result<()> {
     )
     .await?;
     let script = format!(
-        "srun -N1 --gres=gpu:1 sh -c '{job}' & a=$!; srun -N1 --gres=gpu:1 sh -c '{job}' & b=$!; wait $a; ra=$?; wait $b; rb=$?; echo \"exits $ra $rb\"",
+        "{srun} sh -c '{job}' & a=$!; {srun} sh -c '{job}' & b=$!; wait $a; ra=$?; wait $b; rb=$?; echo \"exits $ra $rb\"",
+        srun = SRUN,
         job = CHANNEL_JOB.replace('\'', "'\\''")
     );
     let out = slinky::ctld(&["bash", "-c", &script])?;
