@@ -204,11 +204,6 @@ pub async fn serve_plugins<C: ClaimSource>(
 ) -> Result<(), DraError> {
     tokio::pin!(stop);
     let source = Arc::new(source);
-    let sockets: Vec<PathBuf> = config
-        .drivers
-        .iter()
-        .flat_map(|d| [config.plugin_socket(*d), config.registration_socket(*d)])
-        .collect();
     loop {
         let (end, ended) = watch::channel(false);
         let mut own = Vec::new();
@@ -231,14 +226,14 @@ pub async fn serve_plugins<C: ClaimSource>(
             let registration = config.registration_socket(*driver);
             spawn_registration(bind(&registration)?, Routes::new(registrar), ended.clone());
             own.push((registration.clone(), identity(&registration)));
-            tracing::info!(driver = driver.name(), socket = %config.registration_socket(*driver).display(), "DRA plugin serving");
+            tracing::info!(driver = driver.name(), socket = %registration.display(), "DRA plugin serving");
         }
         let gone = loop {
             tokio::select! {
                 _ = &mut stop => break None,
                 _ = tokio::time::sleep(CHECK) => {}
             }
-            if let Some(gone) = sockets.iter().find(|s| !s.exists()) {
+            if let Some((gone, _)) = own.iter().find(|(s, _)| !s.exists()) {
                 break Some(gone.clone());
             }
         };
