@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # images.sh: what the images under images/ are made of, read from their Dockerfiles.
-#   images.sh RELEASE_DIR [ARCH]     every file that an image copies out of a release build
-#       (`target/$triple/release/NAME`) exists in RELEASE_DIR, and with ARCH (x86_64 or aarch64)
+#   images.sh BUILD_DIR [ARCH]     every file that an image copies out of a release build
+#       (`target/$triple/release/NAME`) exists in BUILD_DIR (a build of the same packages, such as
+#       tests/arm64/run.sh's debug one: the same names), and with ARCH (x86_64 or aarch64)
 #       each such ELF file is one for ARCH. Catches a renamed or dropped artifact without Docker.
 #       Each build stage installs its Rust toolchain from rust-toolchain.toml.
 #   images.sh installs DOCKERFILE    "NAME PATH MODE" for each `install -D -m MODE
@@ -36,7 +37,7 @@ case ${1:-} in
   config) config "${2:?usage: images.sh config DOCKERFILE}"; exit ;;
 esac
 
-dir=${1:?usage: images.sh RELEASE_DIR [x86_64|aarch64] | installs DOCKERFILE | config DOCKERFILE}
+dir=${1:?usage: images.sh BUILD_DIR [x86_64|aarch64] | installs DOCKERFILE | config DOCKERFILE}
 case ${2:-} in
   '') want= ;; x86_64) want=62 ;; aarch64) want=183 ;;
   *) echo "images.sh: unknown architecture $2" >&2; exit 2 ;;

@@ -65,28 +65,36 @@ step "Debian packages the tests use"
 bash tests/apt-ensure.sh fuse3 pciutils hwloc python3 gcc binutils util-linux debootstrap protobuf-compiler
 [ -c /dev/fuse ] || { echo "tests/run.sh: /dev/fuse is missing" >&2; exit 1; }
 
-# The roots (Debian, debootstrap: mostly downloads) and the Kubernetes build (Go, at nice 15) are
-# cached in /var/tmp; on a machine whose caches are cold they are made in the background while
-# cargo builds, so the cores and the network both have work. Each later step that uses them makes
-# them itself if this failed, so a failure here only costs time; its log is printed.
-# Its own process group (setsid), so that a run that ends early stops all of it.
-PREFETCH_LOG=/var/tmp/mockgpu-prefetch.log
-setsid -w bash -c 'set -e
-  bash tests/arm64/run.sh roots
+# Three jobs run in the background from here, each in its own process group (setsid), so that a
+# run that ends early stops them all, each with its log in /var/tmp; a later step that needs one
+# waits for it (bg_wait), and makes what it needs itself if the job failed, so a failure there
+# only costs time (its log is printed):
+#   roots   the Debian roots of the aarch64 step and the test beds (debootstrap: mostly downloads)
+#   k8s     the Kubernetes binaries, Helm and CoreDNS (Go, tests/build-k8s.sh)
+#   images  the product images (tests/images-build.sh: a release build inside buildah)
+# The two builds run at nice 15: they take the cores the steps leave idle (waits on containers and
+# pods, qemu, downloads), so that on a machine whose caches are cold they are done, or nearly, by
+# the time the cluster mode needs them. Warm, each finds its cache and ends within seconds.
+declare -A BG_PID
+bg() {  # bg NAME COMMAND: COMMAND in the background, its output in /var/tmp/mockgpu-bg-NAME.log
+  setsid -w bash -c "set -e; $2" > "/var/tmp/mockgpu-bg-$1.log" 2>&1 < /dev/null &
+  BG_PID[$1]=$!
+}
+bg_wait() {  # bg_wait NAME: waits for that job; prints how it ended and, if it failed, its log's end
+  local rc=0 t; t=$(date +%s)
+  wait "${BG_PID[$1]}" || rc=$?
+  unset "BG_PID[$1]"   # its process group is gone; its number may be reused
+  echo "tests/run.sh: background job $1 (log /var/tmp/mockgpu-bg-$1.log): exit $rc, waited $(( $(date +%s) - t )) s"
+  [ $rc = 0 ] || tail -30 "/var/tmp/mockgpu-bg-$1.log"
+}
+trap 'for p in "${BG_PID[@]}"; do kill -- -"$p" 2> /dev/null || true; done' EXIT
+bg roots 'bash tests/arm64/run.sh roots
   for suite in trixie sid; do
     SUITE=$suite bash tests/testbed/testbed.sh rootfs
     SUITE=$suite CLUSTER=1 bash tests/testbed/testbed.sh rootfs
-  done
-  bash tests/build-k8s.sh > /dev/null' > "$PREFETCH_LOG" 2>&1 < /dev/null &
-PREFETCH=$!
-trap 'kill -- -"$PREFETCH" 2> /dev/null || true' EXIT
-prefetch_wait() {
-  local rc=0 t; t=$(date +%s)
-  wait "$PREFETCH" || rc=$?
-  trap - EXIT   # its process group is gone; its number may be reused
-  echo "tests/run.sh: roots and Kubernetes binaries (background, log $PREFETCH_LOG): exit $rc, waited $(( $(date +%s) - t )) s"
-  [ $rc = 0 ] || tail -30 "$PREFETCH_LOG"
-}
+  done'
+bg k8s 'NICE=15 bash tests/build-k8s.sh > /dev/null'
+bg images 'nice -n 15 bash tests/images-build.sh > /dev/null'
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -96,32 +104,32 @@ step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo deny: licenses, duplicate versions, sources (tests/deny.sh)"
 bash tests/deny.sh
-# No separate debug build: `cargo test` builds every library and binary (and fails on what `cargo
-# build` would); a `cargo build --workspace` first only compiled dependencies twice, with and
-# without the features the dev-dependencies add.
-step "cargo build --release (tests/release-build.sh: what the images and the test bed use)"
-bash tests/release-build.sh
-step "the files the images copy (x86_64)"
-bash tests/images.sh "${CARGO_TARGET_DIR:-target}/release" x86_64
+# No separate build: `cargo test` builds every library and binary in debug (and fails on what
+# `cargo build` would), and the later steps run those (tests/build-bins.sh then compiles only the
+# few dependencies whose features differ without the dev-dependencies). No release build on this
+# machine: the images' build stage makes the only one (tests/images-build.sh), and the latency
+# figures of a release build come from bench/ (docs/performance.md).
 step "cargo test"
 cargo test --workspace
 step "the NVML library against its consumers: nvml.h, pynvml, gpustat, nvitop, go-nvml (tests/nvml/run.sh)"
 bash tests/nvml/run.sh
-step "waiting for the roots and the Kubernetes build started in the background"
-prefetch_wait
+step "waiting for the roots (background job)"
+bg_wait roots
 step "aarch64: cross build, the architecture-dependent tests under qemu-user (tests/arm64/run.sh; cached in /var/tmp/mgarm64)"
 bash tests/arm64/run.sh
 step "node test bed"
 bash tests/testbed/run.sh
 step "node test bed on Debian sid (containerd 2.x)"
 SUITE=sid bash tests/testbed/run.sh
-step "Kubernetes binaries and Helm (tests/build-k8s.sh; cached)"
+step "Kubernetes binaries, Helm and CoreDNS (background job; tests/build-k8s.sh)"
+bg_wait k8s
 bash tests/build-k8s.sh
 step "the Helm chart: lint, rendered value sets, schema, configuration reference"
 bash tests/chart.sh
 # built once for both cluster-mode runs; a tree whose images are built already costs the layer
 # cache's checks only (tests/images-build.sh; its caches in /var/tmp/mgimages)
-step "the product images from images/*.Dockerfile, as the README's docker build lines, by buildah (tests/images-build.sh)"
+step "the product images from images/*.Dockerfile, as the README's docker build lines, by buildah (background job; tests/images-build.sh)"
+bg_wait images
 PRODUCT_IMAGES=$(bash tests/images-build.sh | tail -1)
 export PRODUCT_IMAGES
 step "node test bed, cluster mode (trixie: containerd 1.7)"

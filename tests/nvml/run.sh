@@ -13,10 +13,10 @@ PROFILES="gb300 h100 t4"
 bash tests/nvml/fetch.sh "$CACHE"
 HEADER=$CACHE/include/nvml.h
 
-# The release build tests/run.sh has made already (nothing to do then).
-bash tests/release-build.sh
-LIB=${CARGO_TARGET_DIR:-target}/release/libnvidia_ml.so
-AGENT=${CARGO_TARGET_DIR:-target}/release/mockgpu-agent
+# The debug build of `cargo test`'s crates (tests/build-bins.sh; in CI only a few dependencies).
+OUT=$(bash tests/build-bins.sh | tail -1)
+LIB=$OUT/libnvidia_ml.so
+AGENT=$OUT/mockgpu-agent
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 # Consumers load the library by its SONAME.

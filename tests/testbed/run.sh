@@ -3,7 +3,8 @@
 # (rootfs from nothing or reused, all scenarios, teardown). Exits non-zero when any step fails.
 # CLUSTER=1: also the Kubernetes binaries (tests/build-k8s.sh, cached), then the cluster mode.
 # Needs root, /dev/fuse, unshare/pivot_root (and Go for CLUSTER=1). Env: as testbed.sh; CARGO_TARGET_DIR (target);
-# TESTBED_PROFILE (release: the latency numbers are the real ones; `dev` reuses a `cargo test` build).
+# TESTBED_PROFILE (dev: the debug build `cargo test` has made, tests/build-bins.sh; `release` for
+# the latency figures of a release build).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -14,12 +15,10 @@ T0=$(date +%s)
 # shellcheck disable=SC2046 # an optional word
 bash "$REPO/tests/apt-ensure.sh" debootstrap fuse3 protobuf-compiler util-linux mount $([ "${CLUSTER:-0}" = 1 ] && echo openssl curl)
 
-TARGET=${CARGO_TARGET_DIR:-$REPO/target}
-PROFILE=${TESTBED_PROFILE:-release}
-OUT=$TARGET/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")
-echo "run.sh: cargo build --profile $PROFILE (tests/release-build.sh: agent, shim, controller, test bed) into $OUT"
+PROFILE=${TESTBED_PROFILE:-dev}
+echo "run.sh: cargo build --profile $PROFILE (tests/build-bins.sh: agent, shim, controller, test bed)"
 tb=$(date +%s)
-bash "$REPO/tests/release-build.sh" "$PROFILE"
+OUT=$(bash "$REPO/tests/build-bins.sh" "$PROFILE" | tail -1)
 echo "TIMING cargo-build: $(( $(date +%s) - tb )) s"
 
 if [ "${CLUSTER:-0}" = 1 ] && [ -z "${K8S_BIN:-}" ]; then

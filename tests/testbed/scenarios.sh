@@ -58,7 +58,7 @@ agent_ready() {  # agent_ready <containerd log line count before start>
 }
 
 agent_up() {
-  [ -x "$AGENT_BIN" ] || fail "no agent binary at $AGENT_BIN (cargo build --release -p mockgpu-agent)"
+  [ -x "$AGENT_BIN" ] || fail "no agent binary at $AGENT_BIN (bash tests/build-bins.sh)"
   "$AGENT_BIN" serve --help > "$LOGS/agent-serve-help.txt" 2>&1 || fail "mockgpu-agent has no 'serve' command yet"
   mkdir -p "$R/opt/mockgpu"
   cp -f "$AGENT_BIN" "$R/opt/mockgpu/mockgpu-agent.new"; mv -f "$R/opt/mockgpu/mockgpu-agent.new" "$R/opt/mockgpu/mockgpu-agent"

@@ -26,7 +26,7 @@
 # Env: SUITE (trixie: containerd 1.7; sid: containerd 2.x), TB (/var/tmp/mgtb, /var/tmp/mgk8s-tb in
 #      cluster mode, with -sid appended for sid; keep it short: AF_UNIX paths < 108 bytes),
 #      CGROUP_PARENT (/mgtb, /mgk8s in cluster mode, -sid likewise), MIRROR (from apt sources),
-#      CRI_BIN, AGENT_BIN, CONTROLLER_BIN (built binaries, default target/release; the agent
+#      CRI_BIN, AGENT_BIN, CONTROLLER_BIN (built binaries, default target/debug: tests/build-bins.sh; the agent
 #      carries the shim),
 #      AGENT_ARGS (extra `serve` flags), LAT_N (20), AGENT_RESTART_PAUSE (0 s),
 #      STEPS (a subset of the `all` steps, in order), SCENARIOS (a subset of the scenario steps),
@@ -47,8 +47,8 @@ ST=$TB/state                       # per-run state shared between steps (ids, pi
 PIDS=$TB/pids.txt                  # "<kind> <pid> <starttime>" of every process we started
 CRI_SOCKET=$R/run/containerd/containerd.sock
 NRI_SOCKET=$R/run/nri/nri.sock
-CRI_BIN=${CRI_BIN:-$REPO/target/release/mgtb-cri}
-AGENT_BIN=${AGENT_BIN:-$REPO/target/release/mockgpu-agent}
+CRI_BIN=${CRI_BIN:-$REPO/target/debug/mgtb-cri}
+AGENT_BIN=${AGENT_BIN:-$REPO/target/debug/mockgpu-agent}
 AGENT_ARGS=${AGENT_ARGS:-}
 LAT_N=${LAT_N:-20}
 AGENT_RESTART_PAUSE=${AGENT_RESTART_PAUSE:-0}   # seconds between SIGKILL and the new agent
@@ -296,7 +296,7 @@ start_containerd() {
 }
 
 phase_up() {
-  [ -x "$CRI_BIN" ] || fail "no CRI client at $CRI_BIN (build: cargo build --release -p mockgpu-testbed, or set CRI_BIN)"
+  [ -x "$CRI_BIN" ] || fail "no CRI client at $CRI_BIN (build: bash tests/build-bins.sh, or set CRI_BIN)"
   if [ -n "$(nodepid)" ] && alive "$(nodepid)"; then fail "the test bed is already up (testbed.sh down first)"; fi
   local t; t=$(date +%s%N)
   # after a run that did not end cleanly, start from an empty containerd state (recover nothing)

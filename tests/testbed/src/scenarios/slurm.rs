@@ -990,7 +990,7 @@ pub async fn slurmrestd_delete_node(bed: &Bed) -> Result<()> {
         std::fs::metadata(&bin).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
     ensure!(
         exe,
-        "no controller binary at {} (cargo build --release -p mockgpu-controller)",
+        "no controller binary at {} (bash tests/build-bins.sh)",
         bin.display()
     );
     let opt = bed.node_path("/opt/mockgpu");
