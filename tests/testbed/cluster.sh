@@ -414,6 +414,7 @@ run_cluster_scenarios() {
   if slinky_supported; then sstep slinky-slurm rust_scenario slinky-slurm
   else log "slinky-slurm: left out: the node root has Slurm $(innode slurmd -V | awk '{print $2}'), Slinky's operator supports 25.11 and later (SUITE=sid has 26.05)"; fi
   sstep chart-install rust_scenario chart-install
+  if [ "$NODES" -gt 1 ]; then sstep worker-leaves rust_scenario worker-leaves; else echo "worker-leaves: left out (NODES=1)"; fi
   sstep chart-gpu-faults rust_scenario chart-gpu-faults
   sstep chart-dra rust_scenario chart-dra
   # (Slurm 24.11's dynamic nodes ignore autodetected GPUs that their --conf does not name: the

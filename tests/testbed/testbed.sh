@@ -64,7 +64,9 @@ PKGS="containerd runc busybox-static slurmd slurmctld slurm-client slurmrestd sl
 if [ "$CLUSTER" = 1 ]; then
   # shellcheck source=../k8s-versions.sh
   . "$REPO/tests/k8s-versions.sh"
-  PKGS="$PKGS $K8S_DEBIAN_PACKAGES"
+  # Slinky's slurmd image runs supervisord (PID 1) with slurmd, sshd and sssd beside it
+  # (sssd-proxy: a local domain of the files, so that sssd runs without a directory server)
+  PKGS="$PKGS $K8S_DEBIAN_PACKAGES supervisor openssh-server sssd-common sssd-proxy"
 fi
 BOOTSTRAP_REV=1                    # bump when the bootstrap steps change
 ENVP=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive)

@@ -458,6 +458,21 @@ fn ns_of(pid: &str, ns: &str) -> Option<PathBuf> {
 }
 
 /// The PIDs in the cgroup directories below `dir` (all its `cgroup.procs`).
+/// The processes in the cgroups below `parent`, in every hierarchy (cgroup v2, and each v1
+/// controller's where the host has them).
+pub(crate) fn pids_below(parent: &str) -> Result<BTreeSet<String>> {
+    let parent = parent.trim_start_matches('/');
+    let mut dirs = vec![PathBuf::from("/sys/fs/cgroup").join(parent)];
+    for h in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
+        dirs.push(h.path().join(parent));
+    }
+    let mut pids = BTreeSet::new();
+    for d in dirs.iter().filter(|d| d.is_dir()) {
+        cgroup_pids(d, &mut pids);
+    }
+    Ok(pids)
+}
+
 fn cgroup_pids(dir: &Path, pids: &mut BTreeSet<String>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -542,15 +557,7 @@ pub async fn cluster_isolation(bed: &Bed) -> Result<()> {
             );
         }
     }
-    let mut pids = BTreeSet::new();
-    let parent = bed.cgroup_parent.trim_start_matches('/');
-    let mut dirs = vec![PathBuf::from("/sys/fs/cgroup").join(parent)];
-    for h in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
-        dirs.push(h.path().join(parent));
-    }
-    for d in dirs.iter().filter(|d| d.is_dir()) {
-        cgroup_pids(d, &mut pids);
-    }
+    let pids = pids_below(&bed.cgroup_parent)?;
     for pid in &pids {
         ensure!(
             ns_of(pid, "net").as_ref() != Some(&host_net),

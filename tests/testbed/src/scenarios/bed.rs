@@ -74,6 +74,20 @@ impl Bed {
         })
     }
 
+    /// The bed of the worker `node` (cluster mode: cluster.sh's `worker_vars`): its own root,
+    /// state, logs and cgroup parent; the same PID list, where its daemons are `<kind>@<node>`.
+    pub fn worker(&self, node: &str) -> Bed {
+        let root = self.root.with_file_name(format!("rootfs-{node}"));
+        Bed {
+            cri_socket: root.join("run/containerd/containerd.sock"),
+            root,
+            logs: self.logs.join(node),
+            state: self.state.join(node),
+            cgroup_parent: format!("{}-{node}", self.cgroup_parent),
+            pids: self.pids.clone(),
+        }
+    }
+
     /// A host path of a path in the node.
     pub fn node_path(&self, path: &str) -> PathBuf {
         self.root.join(path.trim_start_matches('/'))

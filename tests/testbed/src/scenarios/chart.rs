@@ -32,14 +32,15 @@ use crate::slinky::{self, PCI_LABEL, srun, srun_cuda_visible};
 use crate::slurm::{gres_sockets, uuids_in};
 
 /// The chart's namespace (the README's `--namespace`).
-const CHART_NS: &str = "mockgpu-system";
+pub(crate) const CHART_NS: &str = "mockgpu-system";
 /// The chart's agent DaemonSet (release mockgpu, profile `default`).
 const AGENT_DS: &str = "mockgpu-agent-default";
 /// The agent's service account.
 const AGENT_SA: &str = "mockgpu-agent";
 /// What the test bed adds to the README's install: its own images (the pods reach the API server
-/// through the `kubernetes` service, as in any cluster), and one controller replica.
-const TB_VALUES: [&str; 14] = [
+/// through the `kubernetes` service, as in any cluster), one controller replica, and heartbeats
+/// and staleness in seconds (`worker-leaves`).
+const TB_VALUES: [&str; 18] = [
     "--set",
     "agent.image.repository=localhost/mockgpu-agent",
     "--set-string",
@@ -54,6 +55,10 @@ const TB_VALUES: [&str; 14] = [
     "controller.image.pullPolicy=Never",
     "--set",
     "controller.replicas=1",
+    "--set",
+    "agent.heartbeatSeconds=5",
+    "--set",
+    "controller.staleAfterSeconds=20",
 ];
 /// The labels the chart's controller sets (and `helm uninstall` removes).
 const CHART_LABELS: [&str; 5] = [
@@ -212,7 +217,7 @@ async fn vap_down(client: &Client) -> Result<()> {
 }
 
 /// The name of the chart's agent pod on `node` (the DaemonSet runs one on every node).
-async fn agent_pod(client: &Client, node: &str) -> Result<String> {
+pub(crate) async fn agent_pod(client: &Client, node: &str) -> Result<String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), CHART_NS);
     let on = ListParams::default().fields(&format!("spec.nodeName={node}"));
     let prefix = format!("{AGENT_DS}-");
@@ -988,4 +993,23 @@ pub async fn chart_uninstall(bed: &Bed) -> Result<()> {
         "  uninstalled: no FUSE mount, no device node under /run/mockgpu, no mockgpu label on {NODE}"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TB_VALUES;
+    use crate::services::{HEARTBEAT_S, STALE_S};
+
+    #[test]
+    fn the_install_sets_the_heartbeat_and_staleness_worker_leaves_waits_for() {
+        for want in [
+            format!("agent.heartbeatSeconds={HEARTBEAT_S}"),
+            format!("controller.staleAfterSeconds={STALE_S}"),
+        ] {
+            assert!(
+                TB_VALUES.contains(&want.as_str()),
+                "{want} not in {TB_VALUES:?}"
+            );
+        }
+    }
 }

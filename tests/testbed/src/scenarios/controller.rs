@@ -189,7 +189,7 @@ async fn wait_label(client: &Client, secs: u64, key: &str, want: &str, what: &st
 }
 
 /// A condition's status on a GpuNode (empty when it has none).
-fn cond(g: Option<&GpuNode>, kind: &str) -> String {
+pub(crate) fn cond(g: Option<&GpuNode>, kind: &str) -> String {
     g.and_then(|g| g.status.as_ref())
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == kind))
         .map(|c| c.status.clone())

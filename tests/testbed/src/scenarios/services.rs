@@ -1,15 +1,27 @@
 //! Services and DNS: kube-proxy (nftables mode) and CoreDNS behind the `kube-dns` service, as a
-//! pod on the pod network and one on the host's network (`ClusterFirstWithHostNet`) see them.
+//! pod on the pod network and one on the host's network (`ClusterFirstWithHostNet`) see them;
+//! the second node, and a worker that leaves and comes back.
+
+use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::wait::conditions;
+use mockgpu_api::GpuNode;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde_json::json;
 
+use crate::apiserver::pids_below;
 use crate::bed::{Bed, wait_for};
-use crate::cluster::{client, default_account, kubectl_exec, node_condition, sleeper, wait_object};
+use crate::chart::{CHART_NS, agent_pod};
+use crate::cluster::{
+    NODE, client, default_account, kubectl_exec, node_condition, sleeper, wait_object,
+};
+use crate::controller::cond;
+use crate::node::ms;
 
 /// The `kubernetes` service's address (the first of the service range).
 const API_SVC_IP: &str = "203.0.113.1";
@@ -213,4 +225,111 @@ pub async fn two_nodes(bed: &Bed) -> Result<()> {
         pods.delete(pod, &DeleteParams::default()).await?;
     }
     Ok(())
+}
+
+/// The GpuNode heartbeat and staleness `chart-install` sets (chart.rs's `TB_VALUES`; the chart's
+/// defaults are 30 s and 120 s), so that a worker that leaves is Stale within a minute.
+pub(crate) const HEARTBEAT_S: u64 = 5;
+/// See [`HEARTBEAT_S`].
+pub(crate) const STALE_S: u64 = 20;
+
+/// A worker that leaves and comes back, as a machine that stops and starts again: node1's
+/// kubelet stopped and every process of its agent pod killed (no kubelet is there to restart
+/// them), then the kubelet started again. node1's GpuNode turns `Stale` once its heartbeats stop
+/// (node0's stays as it was), the kubelet restarts the agent pod, whose reports turn `Stale`
+/// back to `False`, and the Node is `Ready` again.
+pub async fn worker_leaves(bed: &Bed) -> Result<()> {
+    let client = client().await?;
+    let gpunodes: Api<GpuNode> = Api::all(client.clone());
+    let stale = |want: &'static str| move |g: Option<&GpuNode>| cond(g, "Stale") == want;
+    wait_object(
+        &gpunodes,
+        WORKER,
+        60,
+        "node1's GpuNode Stale=False",
+        stale("False"),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), CHART_NS);
+    let agent = agent_pod(&client, WORKER).await?;
+    let uid = pods
+        .get(&agent)
+        .await?
+        .metadata
+        .uid
+        .with_context(|| format!("{agent} has no UID"))?;
+    let kubelet = bed.cmdline_of(&format!("kubelet@{WORKER}"))?;
+    let t = Instant::now();
+    bed.stop(Signal::SIGTERM, &[&format!("kubelet@{WORKER}")])
+        .await?;
+    let worker = bed.worker(WORKER);
+    let killed = kill_pod(&worker, &uid)?;
+    ensure!(
+        killed > 0,
+        "no process of the agent pod {agent} (pod{uid}) below {}",
+        worker.cgroup_parent
+    );
+    let secs = STALE_S + 2 * HEARTBEAT_S + 15;
+    wait_object(
+        &gpunodes,
+        WORKER,
+        secs,
+        "node1's GpuNode Stale=True",
+        stale("True"),
+    )
+    .await
+    .with_context(|| {
+        format!("node1's kubelet stopped and its agent pod's {killed} processes killed")
+    })?;
+    let left = ms(t.elapsed());
+    let node0 = cond(gpunodes.get_opt(NODE).await?.as_ref(), "Stale");
+    ensure!(
+        node0 == "False",
+        "node0's GpuNode is Stale={node0:?} while only node1 left"
+    );
+    let t = Instant::now();
+    let argv: Vec<&str> = kubelet.iter().map(String::as_str).collect();
+    worker.spawn(&format!("kubelet@{WORKER}"), "kubelet.log", &argv)?;
+    wait_object(
+        &gpunodes,
+        WORKER,
+        120,
+        "node1's GpuNode Stale=False again",
+        stale("False"),
+    )
+    .await?;
+    let back = ms(t.elapsed());
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_object(
+        &nodes,
+        WORKER,
+        60,
+        "node1 Ready again",
+        node_condition("Ready", "True"),
+    )
+    .await?;
+    let again = agent_pod(&client, WORKER).await?;
+    bed.timing(
+        "worker-leaves",
+        &format!("Stale after {left} ms, back {back} ms after the kubelet started"),
+    );
+    println!(
+        "  node1 left (kubelet stopped, {killed} processes of {agent} killed): its GpuNode Stale=True after {left} ms (heartbeat {HEARTBEAT_S} s, stale after {STALE_S} s), node0's Stale=False; kubelet started: agent pod {again} reports, Stale=False after {back} ms, node1 Ready"
+    );
+    Ok(())
+}
+
+/// SIGKILL to every process of the pod with `uid` below the worker's cgroup parent (in every
+/// cgroup hierarchy): how many were killed.
+fn kill_pod(worker: &Bed, uid: &str) -> Result<usize> {
+    let mark = format!("pod{uid}");
+    let mut n = 0;
+    for pid in pids_below(&worker.cgroup_parent)? {
+        let of_pod =
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&mark));
+        if of_pod && kill(Pid::from_raw(pid.parse()?), Signal::SIGKILL).is_ok() {
+            n += 1;
+        }
+    }
+    Ok(n)
 }

@@ -71,6 +71,40 @@ fn need(uid: &str) -> String {
     )
 }
 
+/// The slurmd container's entrypoint after `need`: supervisord as PID 1 with slurmd, sshd and
+/// sssd (a local domain, as Slinky's image has one configured), the arguments as SLURMD_OPTIONS.
+const SUPERVISED: &str = r#"need slurmd slurmstepd sshd sssd
+command -v supervisord > /dev/null || { echo "slurmd image: no supervisord (Debian's supervisor)" >&2; exit 1; }
+mkdir -p /var/spool/slurmd /run/sshd
+printf '[sssd]\nservices = nss\ndomains = local\n[domain/local]\nid_provider = proxy\nproxy_lib_name = files\nauth_provider = none\n' > /etc/sssd/sssd.conf
+chmod 600 /etc/sssd/sssd.conf
+export SLURMD_OPTIONS="$*"
+cat > /run/supervisord.conf << 'EOF'
+[supervisord]
+nodaemon=true
+user=root
+logfile=/dev/null
+logfile_maxbytes=0
+pidfile=/run/supervisord.pid
+[program:slurmd]
+command=bash -xc "exec slurmd -D %(ENV_SLURMD_OPTIONS)s"
+stdout_logfile=/dev/stdout
+stdout_logfile_maxbytes=0
+redirect_stderr=true
+[program:sshd]
+command=/usr/sbin/sshd -D -e
+stdout_logfile=/dev/stdout
+stdout_logfile_maxbytes=0
+redirect_stderr=true
+[program:sssd]
+command=/usr/sbin/sssd -i --logger=stderr
+stdout_logfile=/dev/stdout
+stdout_logfile_maxbytes=0
+redirect_stderr=true
+EOF
+exec supervisord -c /run/supervisord.conf
+"#;
+
 /// Slinky's cgroup.conf where Slurm's cgroup/v2 can work, or why not; `constrain` adds
 /// `ConstrainDevices=yes` (a user's addition).
 fn cgroup_conf(bed: &Bed, constrain: bool) -> Result<String> {
@@ -493,12 +527,10 @@ pub(crate) async fn nodeset_up(
 ) -> Result<std::time::Duration> {
     let t = Instant::now();
     ensure!(!nodes.is_empty(), "no node for the slurmd pods");
-    // Slinky's entrypoint passes its arguments to a shell again (supervisord's `bash -xc "exec
-    // slurmd --systemd $SLURMD_OPTIONS"`), which takes the quotes off `'Features=gpu'`
-    let script = format!(
-        "{}\nneed slurmd slurmstepd\nmkdir -p /var/spool/slurmd\neval \"exec slurmd -D $*\"\n",
-        need(&slurm_uid()?)
-    );
+    // Slinky's process tree: its entrypoint starts supervisord as PID 1, which runs slurmd as
+    // `bash -xc "exec slurmd --systemd $SLURMD_OPTIONS"` (that shell takes the quotes off
+    // `'Features=gpu'`; -D here: no systemd to notify), sshd and sssd beside it
+    let script = format!("{}\n{SUPERVISED}", need(&slurm_uid()?));
     let sets: Api<DaemonSet> = Api::namespaced(client.clone(), SLINKY_NS);
     for node in nodes {
         let mut spec = json!({
@@ -628,6 +660,33 @@ pub(crate) async fn nodeset_up(
     Ok(t.elapsed())
 }
 
+/// In the slurmd pod, the operator's Service names (`slurm-controller.slurm`, which slurmd's
+/// `--conf-server` names, and `slurm-restapi.slurm`) resolve through cluster DNS to the
+/// Services' cluster IPs.
+async fn resolves_services(client: &Client, pod: &str) -> Result<()> {
+    let svcs: Api<Service> = Api::namespaced(client.clone(), SLINKY_NS);
+    for svc in [CTLD_SVC, RESTAPI] {
+        let ip = svcs
+            .get(svc)
+            .await?
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .with_context(|| format!("Service {svc} has no cluster IP"))?;
+        let name = format!("{svc}.{SLINKY_NS}");
+        let out = kubectl(&[
+            "-n", SLINKY_NS, "exec", pod, "-c", "slurmd", "--", "getent", "hosts", &name,
+        ])
+        .with_context(|| format!("getent hosts {name} in {pod}"))?;
+        println!("  slurmd pod: getent hosts {name}: {}", out.trim());
+        let addr = out.split_whitespace().next().unwrap_or_default();
+        check(client, addr == ip, || {
+            format!("getent hosts {name} in {pod}: {addr:?}, want the Service's cluster IP {ip}")
+        })
+        .await?;
+    }
+    Ok(())
+}
+
 /// The status line of `GET <path>` on `port` of the pod, from its container (bash's /dev/tcp).
 fn http_status(pod: &str, container: &str, port: u16, path: &str) -> Result<String> {
     let script = format!(
@@ -700,26 +759,91 @@ pub(crate) async fn wait_gres(
     }
 }
 
-/// `(mockgpu mounts, LD_PRELOAD of PID 1, nvidia devices, /proc/driver/nvidia present)` seen
-/// from inside a container of the slurmd pod.
-async fn injection(client: &Client, container: &str) -> Result<(u32, u32, u32, bool)> {
+/// What a container of the slurmd pod shows of the injection.
+#[derive(Debug, Default, PartialEq)]
+struct Injection {
+    /// mockgpu's mounts in PID 1's mount table
+    mounts: u32,
+    /// whether PID 1's LD_PRELOAD names the shim (0 or 1)
+    preload: u32,
+    /// `/dev/nvidia*` entries
+    devices: u32,
+    /// whether `/proc/driver/nvidia` is there
+    driver: bool,
+    /// PID 1's command name
+    init: String,
+    /// the daemons of Slinky's process tree (slurmd, sshd, sssd) running with the shim loaded
+    shimmed: Vec<String>,
+}
+
+impl Injection {
+    /// The slurmd container as Slinky's: supervisord as PID 1, the mock's mounts, the shim in
+    /// PID 1's environment and loaded in slurmd, sshd and sssd, the GPU devices and driver files.
+    fn check_slurmd(&self, what: &str) -> Result<()> {
+        ensure!(
+            self.mounts >= 2 && self.preload == 1 && self.devices >= 4 && self.driver,
+            "{what}: the slurmd container is not injected: {} mockgpu mounts (want 2 or more), LD_PRELOAD {} (want 1), {} nvidia devices (want 4 or more), /proc/driver/nvidia {}",
+            self.mounts,
+            self.preload,
+            self.devices,
+            if self.driver { "present" } else { "absent" }
+        );
+        ensure!(
+            self.init == "supervisord",
+            "{what}: PID 1 of the slurmd container is {:?}, want supervisord (Slinky's process tree)",
+            self.init
+        );
+        let missing: Vec<&str> = ["slurmd", "sshd", "sssd"]
+            .into_iter()
+            .filter(|d| !self.shimmed.iter().any(|s| s == d))
+            .collect();
+        ensure!(
+            missing.is_empty(),
+            "{what}: {missing:?} not running with the shim loaded in the slurmd container (with it: {:?})",
+            self.shimmed
+        );
+        Ok(())
+    }
+}
+
+/// What a container of the slurmd pod shows of the injection, seen from inside it.
+async fn injection(client: &Client, container: &str) -> Result<Injection> {
     let pod = slurmd_pod(client).await?;
     let name = pod.metadata.name.unwrap_or_default();
     let script = r#"m=$(grep -cE " (/run/mockgpu|/etc/ld.so.preload) " /proc/1/mountinfo || true)
 p=$(tr "\0" "\n" < /proc/1/environ | grep -c "^LD_PRELOAD=.*libmockfs" || true)
 d=$(ls /dev | grep -c "^nvidia" || true)
 if [ -e /proc/driver/nvidia ]; then n=present; else n=absent; fi
-echo "$m $p $d $n""#;
+s=
+for q in /proc/[0-9]*; do
+  c=$(cat "$q/comm" 2> /dev/null) || continue
+  case $c in slurmd|sshd|sssd) ! grep -q libmockfs "$q/maps" 2> /dev/null || s="$s,$c" ;; esac
+done
+echo "$m $p $d $n $(cat /proc/1/comm) ${s#,}""#;
     let out = kubectl(&[
         "-n", SLINKY_NS, "exec", &name, "-c", container, "--", "/bin/sh", "-c", script,
     ])?;
     let f: Vec<&str> = out.split_whitespace().collect();
-    let num = |i: usize| -> Result<u32> {
-        f.get(i).and_then(|s| s.parse().ok()).with_context(|| {
-            format!("{container}: not '<mounts> <preload> <devices> <present|absent>': {out:?}")
-        })
+    let bad = || {
+        format!(
+            "{container}: not '<mounts> <preload> <devices> <present|absent> <PID 1> <daemons>': {out:?}"
+        )
     };
-    Ok((num(0)?, num(1)?, num(2)?, f.get(3) == Some(&"present")))
+    let num = |i: usize| -> Result<u32> { f.get(i).and_then(|s| s.parse().ok()).with_context(bad) };
+    let mut shimmed: Vec<String> = f
+        .get(5)
+        .map(|s| s.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
+    shimmed.sort();
+    shimmed.dedup();
+    Ok(Injection {
+        mounts: num(0)?,
+        preload: num(1)?,
+        devices: num(2)?,
+        driver: f.get(3) == Some(&"present"),
+        init: f.get(4).with_context(bad)?.to_string(),
+        shimmed,
+    })
 }
 
 /// The namespace and its pods gone; the label removed if the step set it.
@@ -807,6 +931,7 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
         let st = http_status(&pod, "slurmd", 6818, path);
         println!("  slurmd GET {path} on 6818: {st:?}");
     }
+    resolves_services(client, &pod).await?;
     let sockets = gres_sockets(bed)?;
     ensure!(!sockets.is_empty(), "no socket found for the served GPUs");
     let s = sinfo()?;
@@ -863,20 +988,19 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
         n == 4,
         "the job sees {n} GPUs in /proc/driver/nvidia/gpus, want 4: {s}"
     );
-    // the slurmd container is injected (mockgpu mounts, the shim, GPU devices), its sidecar is not
+    // the slurmd container is injected (mockgpu mounts, the shim in every daemon of its process
+    // tree, GPU devices), its sidecar is not
     let inj = injection(client, "slurmd").await?;
     let side = injection(client, "logfile").await?;
-    println!(
-        "  mockgpu mounts, LD_PRELOAD, /dev/nvidia*, /proc/driver/nvidia: slurmd {inj:?}; logfile sidecar {side:?}"
-    );
-    let (m, p, d, _) = inj;
+    println!("  slurmd container: {inj:?}; logfile sidecar: {side:?}");
+    inj.check_slurmd("pod network")?;
+    let init = side.init.clone();
     ensure!(
-        m >= 2 && p == 1 && d >= 4,
-        "the slurmd container is not injected: {m} mockgpu mounts (want 2 or more), LD_PRELOAD {p} (want 1), {d} nvidia devices (want 4 or more)"
-    );
-    ensure!(
-        side == (0, 0, 0, false),
-        "the logfile sidecar got an injection: mounts, LD_PRELOAD, devices, /proc/driver/nvidia = {side:?}"
+        side == Injection {
+            init,
+            ..Default::default()
+        },
+        "the logfile sidecar got an injection: {side:?}"
     );
     host_network_variant(bed, client, &sockets).await
 }
@@ -938,11 +1062,11 @@ async fn host_network_variant(bed: &Bed, client: &Client, sockets: &str) -> Resu
         "  host network (hostNetwork {on_host}, ClusterFirstWithHostNet): sinfo {s}; injection {inj:?}; srun -w {host} --gres=gpu:2: CUDA_VISIBLE_DEVICES and GPUs {}",
         job.trim()
     );
-    let (m, p, d, n) = inj;
     ensure!(
-        on_host && m >= 2 && p == 1 && d >= 4 && n,
-        "host network: the slurmd pod (hostNetwork {on_host}) is not injected: {inj:?}"
+        on_host,
+        "host network: the slurmd pod is not on the host's network"
     );
+    inj.check_slurmd("host network")?;
     ensure!(
         job.trim() == "0,1 4",
         "host network: srun --gres=gpu:2: want \"0,1 4\" (CUDA_VISIBLE_DEVICES, GPUs in /proc/driver/nvidia/gpus), got {:?}",
