@@ -532,6 +532,14 @@ pub(crate) async fn nodeset_up(
     // `'Features=gpu'`; -D here: no systemd to notify), sshd and sssd beside it
     let script = format!("{}\n{SUPERVISED}", need(&slurm_uid()?));
     let sets: Api<DaemonSet> = Api::namespaced(client.clone(), SLINKY_NS);
+    // the operator's app.kubernetes.io/version: the Slurm release of the image ("26.05")
+    let v = ctld(&["slurmctld", "-V"])?;
+    let version = v
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.rsplit_once('.'))
+        .map(|(major_minor, _)| major_minor.to_owned())
+        .with_context(|| format!("slurmctld -V: {v:?}"))?;
     for node in nodes {
         let mut spec = json!({
             "affinity": {
@@ -604,10 +612,17 @@ pub(crate) async fn nodeset_up(
                     "metadata": {
                         "labels": {"app.kubernetes.io/name": "slurmd", "app.kubernetes.io/instance": INSTANCE,
                             "app.kubernetes.io/component": "worker", "app.kubernetes.io/part-of": "slurm",
+                            "app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/version": version,
+                            "helm.sh/chart": SLINKY_CHART,
+                            "controller.kubernetes.io/hash": template_hash(&spec)?,
                             "nodeset.slinky.slurm.net/pod-hostname": node,
                             "nodeset.slinky.slurm.net/scaling-mode": "DaemonSet",
                             "slinky.slurm.net/cluster": "slurm"},
-                        "annotations": {"kubectl.kubernetes.io/default-container": "slurmd"}
+                        "annotations": {"kubectl.kubernetes.io/default-container": "slurmd",
+                            "meta.helm.sh/release-name": "slurm", "meta.helm.sh/release-namespace": SLINKY_NS,
+                            // the guide's values configure neither: the hash of nothing
+                            "slinky.slurm.net/sshd-conf-hash": EMPTY_SHA256,
+                            "slinky.slurm.net/sssd-conf-hash": EMPTY_SHA256}
                     },
                     "spec": spec
                 }
@@ -685,6 +700,30 @@ async fn resolves_services(client: &Client, pod: &str) -> Result<()> {
         .await?;
     }
     Ok(())
+}
+
+/// Slinky's chart that creates the operator's objects (`helm.sh/chart`).
+const SLINKY_CHART: &str = "slurm-1.2.1";
+/// SHA-256 of nothing: the operator's `*-conf-hash` of a configuration the values leave empty.
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// The operator's `controller.kubernetes.io/hash` of a pod template, as Kubernetes' controllers
+/// compute theirs: FNV-1a (32 bits) of the template, its decimal digits encoded in the
+/// alphabet of `rand.SafeEncodeString` (no vowels, no look-alikes).
+fn template_hash(spec: &Value) -> Result<String> {
+    const SAFE: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    Ok(fnv1a32(&serde_json::to_vec(spec)?)
+        .to_string()
+        .bytes()
+        .map(|d| char::from(SAFE[usize::from(d) % SAFE.len()]))
+        .collect())
+}
+
+/// FNV-1a, 32 bits.
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |h: u32, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// The status line of `GET <path>` on `port` of the pod, from its container (bash's /dev/tcp).
@@ -926,6 +965,38 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
     let took = nodeset_up(client, &[NODE.to_owned()], false, None).await?;
     bed.timing("slinky-slurmd-idle", &format!("{} ms", ms(took)));
     let pod = slurmd_pod(client).await?;
+    let meta = &pod.metadata;
+    let (labels, notes) = (
+        meta.labels.clone().unwrap_or_default(),
+        meta.annotations.clone().unwrap_or_default(),
+    );
+    for (key, found) in [
+        (
+            "app.kubernetes.io/managed-by",
+            labels.get("app.kubernetes.io/managed-by"),
+        ),
+        (
+            "controller.kubernetes.io/hash",
+            labels.get("controller.kubernetes.io/hash"),
+        ),
+        (
+            "app.kubernetes.io/version",
+            labels.get("app.kubernetes.io/version"),
+        ),
+        (
+            "slinky.slurm.net/sshd-conf-hash",
+            notes.get("slinky.slurm.net/sshd-conf-hash"),
+        ),
+        (
+            "slinky.slurm.net/sssd-conf-hash",
+            notes.get("slinky.slurm.net/sssd-conf-hash"),
+        ),
+    ] {
+        ensure!(
+            found.is_some_and(|v| !v.is_empty()),
+            "the slurmd pod lacks the operator's {key}"
+        );
+    }
     let pod = pod.metadata.name.unwrap_or_default();
     for path in ["/livez", "/readyz"] {
         let st = http_status(&pod, "slurmd", 6818, path);
@@ -1073,4 +1144,31 @@ async fn host_network_variant(bed: &Bed, client: &Client, sockets: &str) -> Resu
         job.trim()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fnv1a32, template_hash};
+
+    #[test]
+    fn fnv1a_matches_its_reference_vectors() {
+        assert_eq!(fnv1a32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a32(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a32(b"foobar"), 0xbf9c_f968);
+    }
+
+    #[test]
+    fn template_hashes_differ_with_the_template_and_use_the_safe_alphabet() {
+        let a = template_hash(&serde_json::json!({"hostname": "node0"})).unwrap();
+        let b = template_hash(&serde_json::json!({"hostname": "node1"})).unwrap();
+        assert_ne!(a, b);
+        for h in [&a, &b] {
+            assert!(
+                !h.is_empty()
+                    && h.bytes()
+                        .all(|c| b"bcdfghjklmnpqrstvwxz2456789".contains(&c)),
+                "{h}"
+            );
+        }
+    }
 }
