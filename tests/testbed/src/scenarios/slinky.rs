@@ -707,15 +707,17 @@ const SLINKY_CHART: &str = "slurm-1.2.1";
 /// SHA-256 of nothing: the operator's `*-conf-hash` of a configuration the values leave empty.
 const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
+/// `rand.SafeEncodeString`'s alphabet: no vowels, no look-alikes.
+const SAFE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
 /// The operator's `controller.kubernetes.io/hash` of a pod template, as Kubernetes' controllers
-/// compute theirs: FNV-1a (32 bits) of the template, its decimal digits encoded in the
-/// alphabet of `rand.SafeEncodeString` (no vowels, no look-alikes).
+/// compute theirs: FNV-1a (32 bits) of the template, its decimal digits encoded in
+/// [`SAFE_ALPHABET`].
 fn template_hash(spec: &Value) -> Result<String> {
-    const SAFE: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     Ok(fnv1a32(&serde_json::to_vec(spec)?)
         .to_string()
         .bytes()
-        .map(|d| char::from(SAFE[usize::from(d) % SAFE.len()]))
+        .map(|d| char::from(SAFE_ALPHABET[usize::from(d) % SAFE_ALPHABET.len()]))
         .collect())
 }
 
@@ -965,35 +967,18 @@ async fn slinky_slurm_on(bed: &Bed, client: &Client) -> Result<()> {
     let took = nodeset_up(client, &[NODE.to_owned()], false, None).await?;
     bed.timing("slinky-slurmd-idle", &format!("{} ms", ms(took)));
     let pod = slurmd_pod(client).await?;
-    let meta = &pod.metadata;
-    let (labels, notes) = (
-        meta.labels.clone().unwrap_or_default(),
-        meta.annotations.clone().unwrap_or_default(),
-    );
-    for (key, found) in [
-        (
-            "app.kubernetes.io/managed-by",
-            labels.get("app.kubernetes.io/managed-by"),
-        ),
-        (
-            "controller.kubernetes.io/hash",
-            labels.get("controller.kubernetes.io/hash"),
-        ),
-        (
-            "app.kubernetes.io/version",
-            labels.get("app.kubernetes.io/version"),
-        ),
-        (
-            "slinky.slurm.net/sshd-conf-hash",
-            notes.get("slinky.slurm.net/sshd-conf-hash"),
-        ),
-        (
-            "slinky.slurm.net/sssd-conf-hash",
-            notes.get("slinky.slurm.net/sssd-conf-hash"),
-        ),
+    let (labels, notes) = (&pod.metadata.labels, &pod.metadata.annotations);
+    for (map, key) in [
+        (labels, "app.kubernetes.io/managed-by"),
+        (labels, "controller.kubernetes.io/hash"),
+        (labels, "app.kubernetes.io/version"),
+        (notes, "slinky.slurm.net/sshd-conf-hash"),
+        (notes, "slinky.slurm.net/sssd-conf-hash"),
     ] {
         ensure!(
-            found.is_some_and(|v| !v.is_empty()),
+            map.as_ref()
+                .and_then(|m| m.get(key))
+                .is_some_and(|v| !v.is_empty()),
             "the slurmd pod lacks the operator's {key}"
         );
     }
@@ -1148,7 +1133,7 @@ async fn host_network_variant(bed: &Bed, client: &Client, sockets: &str) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::{fnv1a32, template_hash};
+    use super::{SAFE_ALPHABET, fnv1a32, template_hash};
 
     #[test]
     fn fnv1a_matches_its_reference_vectors() {
@@ -1164,9 +1149,7 @@ mod tests {
         assert_ne!(a, b);
         for h in [&a, &b] {
             assert!(
-                !h.is_empty()
-                    && h.bytes()
-                        .all(|c| b"bcdfghjklmnpqrstvwxz2456789".contains(&c)),
+                !h.is_empty() && h.bytes().all(|c| SAFE_ALPHABET.contains(&c)),
                 "{h}"
             );
         }
