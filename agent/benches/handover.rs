@@ -5,9 +5,9 @@
 //! (from the signal to the successor serving) and the longest round overlapping it (median and
 //! max over the 100). Before that, what a request costs on an agent's own mount and through a
 //! keeper on each path, in alternating runs: the wall time of an uncached lookup, and the CPU
-//! time summed over every process of the agent (agent and keeper, from
-//! `/proc/<pid>/task/*/schedstat`) of that lookup and of a cold open+read+close of an
-//! `information` file (after `drop_caches`).
+//! time summed over every process of the agent (from `/proc/<pid>/task/*/schedstat`) of that
+//! lookup (agent and keeper) and of a cold open+read+close of an `information` file after
+//! `drop_caches` (agent, keeper and `pin-tree`).
 //!
 //! Run as root (FUSE mounts; a private mount namespace):
 //! `cargo bench -p mockgpu-agent --bench handover`.
@@ -138,8 +138,23 @@ fn lookups(mnt: &Path, pids: &[i32]) -> (Duration, Duration) {
     (median(t), spent(&before, &cpu(pids)) / LOOKUPS as u32)
 }
 
-/// The median CPU time of `pids` for one cold open+read+close of an `information` file.
-fn cold_reads(mnt: &Path, pids: &[i32]) -> Duration {
+/// The CPU time of `pids` and their children (the agent's `pin-tree`) for one cold
+/// open+read+close of an `information` file: the median and the most of [`COLD_READS`].
+fn cold_reads(mnt: &Path, pids: &[i32]) -> (Duration, Duration) {
+    let mut pids = pids.to_vec();
+    for pid in pids.clone() {
+        for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+            let children = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            pids.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    let pids = &pids[..];
     let gpus = mnt.join("proc/driver/nvidia/gpus");
     let first = fs::read_dir(&gpus).unwrap().next().unwrap().unwrap();
     let info = first.path().join("information");
@@ -150,7 +165,8 @@ fn cold_reads(mnt: &Path, pids: &[i32]) -> Duration {
         fs::read(&info).unwrap();
         t.push(spent(&before, &cpu(pids)));
     }
-    median(t)
+    let most = t.iter().copied().max().unwrap_or_default();
+    (median(t), most)
 }
 
 /// The started keeper's pid, from the log of the agent that started it.
@@ -209,23 +225,27 @@ fn run() {
         }
         paths.push((name, child, pids));
     }
-    // per path: lookup wall medians, CPU per lookup, cold-read CPU medians (one per run)
-    let mut seen = vec![(Vec::new(), Vec::new(), Vec::new()); paths.len()];
+    // per path: lookup wall medians, CPU per lookup, cold-read CPU medians and most (one each
+    // per run)
+    let mut seen = vec![(Vec::new(), Vec::new(), Vec::new(), Vec::new()); paths.len()];
     for _ in 0..RUNS {
         for ((name, _, pids), seen) in paths.iter().zip(&mut seen) {
             let mnt = bench.dir.join(name).join("fs");
             let (wall, cpu) = lookups(&mnt, pids);
             seen.0.push(wall);
             seen.1.push(cpu);
-            seen.2.push(cold_reads(&mnt, pids));
+            let (cold, most) = cold_reads(&mnt, pids);
+            seen.2.push(cold);
+            seen.3.push(most);
         }
     }
-    for ((name, _, _), (wall, cpu, cold)) in paths.iter().zip(&seen) {
+    for ((name, _, _), (wall, cpu, cold, most)) in paths.iter().zip(&seen) {
         println!(
-            "{name:>6}: uncached lookup wall {} (median per run, {RUNS} runs of {LOOKUPS}), CPU {} per lookup; cold open+read+close of an information file, CPU {} (median per run of {COLD_READS}), summed over the agent's processes",
+            "{name:>6}: uncached lookup wall {} (median per run, {RUNS} runs of {LOOKUPS}), CPU {} per lookup; cold open+read+close of an information file, CPU {} (median per run of {COLD_READS}; the most in a run {}), summed over the agent's processes",
             range(wall),
             range(cpu),
-            range(cold)
+            range(cold),
+            range(most)
         );
     }
     for (_, mut child, pids) in paths {

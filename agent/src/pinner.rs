@@ -1,7 +1,11 @@
 //! The process that keeps the served tree in the kernel's caches: `mockgpu-agent pin-tree`.
 //!
 //! Warming reads every file of the agent's own mount and keeps an `O_PATH` descriptor on every
-//! entry, so that the kernel holds every entry and page before the first consumer asks. The
+//! entry, so that the kernel holds every entry before the first consumer asks, and maps every
+//! file's pages into the process, locked where the memory lock limit allows: the kernel neither
+//! drops mapped pages with its caches (`drop_caches`, `POSIX_FADV_DONTNEED`) nor reclaims locked
+//! ones, so a consumer's read after either needs no request at all. An invalidation of the file
+//! (a reload) still drops them, and the next walk maps the new pages. The
 //! agent must not do it itself: a process killed while it waits for a FUSE reply that the
 //! server has already read waits on, uninterruptibly. Had the agent sent the request, nothing
 //! would be left to answer it: the agent would never finish exiting, its descriptors (the
@@ -12,14 +16,17 @@
 //! The protocol, over the child's standard input and output: the agent writes the entries, each
 //! as `f` (a file: read it, then pin it) or `p` (pin only) and its path relative to the mount
 //! point, ending in a NUL byte, then an empty record; the child walks them and answers one line,
-//! `walked <visited> <pinned>`. It holds its descriptors until its input closes (the agent
+//! `walked <visited> <pinned> <mapped> <locked>`. It holds its descriptors until its input closes (the agent
 //! replaced it, or died), then exits.
 
+use std::ffi::c_void;
 use std::io::{self, BufRead, Read, Write};
+use std::num::NonZeroUsize;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::ptr::NonNull;
 
 use crate::tree::{Kind, Tree};
 
@@ -33,6 +40,10 @@ pub struct Walked {
     pub visited: usize,
     /// Entries pinned: all visited ones, unless the descriptor limit was too low.
     pub pinned: usize,
+    /// Files whose pages are mapped: every visited file that is not empty.
+    pub mapped: usize,
+    /// Mapped files whose pages are also locked: all, unless the memory lock limit was too low.
+    pub locked: usize,
 }
 
 /// A running `pin-tree` process. Dropping it ends the process and waits for it.
@@ -110,9 +121,13 @@ fn entries(tree: &Tree) -> Vec<u8> {
 
 fn parse_answer(line: &str) -> Option<Walked> {
     let mut words = line.strip_prefix("walked ")?.split_whitespace();
-    let visited = words.next()?.parse().ok()?;
-    let pinned = words.next()?.parse().ok()?;
-    Some(Walked { visited, pinned })
+    let mut next = || words.next()?.parse().ok();
+    Some(Walked {
+        visited: next()?,
+        pinned: next()?,
+        mapped: next()?,
+        locked: next()?,
+    })
 }
 
 /// The `pin-tree` process: walks the entries read from `input` below `root`, answers on
@@ -134,19 +149,28 @@ pub fn run(root: &Path, mut input: impl BufRead, mut output: impl Write) -> io::
         records.push(record);
     }
     let budget = raise_nofile_limit(records.len() as u64 + FD_HEADROOM).saturating_sub(FD_HEADROOM);
+    raise_memlock_limit();
     let mut pins = Vec::with_capacity(records.len().min(budget as usize));
+    let mut maps = Vec::new();
     let mut buf = Vec::with_capacity(8192);
-    let mut visited = 0;
+    let (mut visited, mut locked, mut may_lock) = (0, 0, true);
     for record in &records {
         let (kind, rel) = record.split_first().expect("records are not empty");
         let path = root.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(rel));
         let opened = match kind {
-            // Read, closed, then pinned with `O_PATH`: the close answers the kernel's one
-            // FLUSH now, and an `O_PATH` descriptor never sends one.
+            // Read, mapped, closed, then pinned with `O_PATH`: the close answers the kernel's
+            // one FLUSH now, and an `O_PATH` descriptor never sends one.
             b'f' => std::fs::File::open(&path)
                 .and_then(|mut f| {
                     buf.clear();
-                    f.read_to_end(&mut buf)
+                    f.read_to_end(&mut buf)?;
+                    if let Some(mapped) = Mapped::new(&f, buf.len())? {
+                        // After one refusal (the limit is reached) the rest stay unlocked.
+                        may_lock = may_lock && mapped.lock();
+                        locked += usize::from(may_lock);
+                        maps.push(mapped);
+                    }
+                    Ok(())
                 })
                 .and_then(|_| pin(&path)),
             b'p' => pin(&path),
@@ -168,11 +192,61 @@ pub fn run(root: &Path, mut input: impl BufRead, mut output: impl Write) -> io::
     let walked = Walked {
         visited,
         pinned: pins.len(),
+        mapped: maps.len(),
+        locked,
     };
-    writeln!(output, "walked {} {}", walked.visited, walked.pinned)?;
+    writeln!(
+        output,
+        "walked {} {} {} {}",
+        walked.visited, walked.pinned, walked.mapped, walked.locked
+    )?;
     output.flush()?;
     io::copy(&mut input, &mut io::sink())?;
     Ok(walked)
+}
+
+/// A file's pages mapped shared and read-only into this process; unmapped when dropped. The
+/// mapping keeps the file open without a descriptor.
+struct Mapped {
+    addr: NonNull<c_void>,
+    len: NonZeroUsize,
+}
+
+impl Mapped {
+    /// Maps the first `len` bytes of `file` (its pages already cached: mapping them asks the
+    /// server for nothing); `None` for an empty file, which has no page to hold.
+    fn new(file: &std::fs::File, len: usize) -> io::Result<Option<Mapped>> {
+        use nix::sys::mman::{MapFlags, ProtFlags, mmap};
+        let Some(len) = NonZeroUsize::new(len) else {
+            return Ok(None);
+        };
+        // SAFETY: a new read-only mapping at an address the kernel picks; this process never
+        // reads it, so a file that shrinks meanwhile cannot fault a read here.
+        let addr = unsafe {
+            mmap(
+                None,
+                len,
+                ProtFlags::PROT_READ,
+                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
+                file,
+                0,
+            )
+        }?;
+        Ok(Some(Mapped { addr, len }))
+    }
+
+    /// Locks the mapped pages in memory; false if the memory lock limit refused it.
+    fn lock(&self) -> bool {
+        // SAFETY: the range is this mapping's own.
+        unsafe { nix::sys::mman::mlock(self.addr, self.len.get()) }.is_ok()
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the range is this mapping's own, and nothing refers to it any more.
+        let _ = unsafe { nix::sys::mman::munmap(self.addr, self.len.get()) };
+    }
 }
 
 /// An `O_PATH` descriptor on `path` itself (a symlink is not followed).
@@ -184,6 +258,17 @@ fn pin(path: &Path) -> io::Result<OwnedFd> {
         nix::sys::stat::Mode::empty(),
     )
     .map_err(io::Error::from)
+}
+
+/// Raises the soft `RLIMIT_MEMLOCK` to the hard limit (without `CAP_IPC_LOCK`, locked pages
+/// count against it).
+fn raise_memlock_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_MEMLOCK)
+        && soft < hard
+    {
+        let _ = setrlimit(Resource::RLIMIT_MEMLOCK, hard, hard);
+    }
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to `wanted` (at most the hard limit); the soft limit now.
@@ -233,11 +318,13 @@ mod tests {
             walked,
             Walked {
                 visited: 3,
-                pinned: 3
+                pinned: 3,
+                mapped: 1,
+                locked: 1
             }
         );
-        assert_eq!(String::from_utf8(output).unwrap(), "walked 3 3\n");
-        assert_eq!(parse_answer("walked 3 3\n"), Some(walked));
+        assert_eq!(String::from_utf8(output).unwrap(), "walked 3 3 1 1\n");
+        assert_eq!(parse_answer("walked 3 3 1 1\n"), Some(walked));
     }
 
     #[test]
@@ -263,7 +350,13 @@ mod tests {
 
     #[test]
     fn parse_answer_refuses_anything_else() {
-        for line in ["", "walked", "walked 3", "walked x 3", "pinned 3 3"] {
+        for line in [
+            "",
+            "walked",
+            "walked 3 3 1",
+            "walked x 3 1 1",
+            "pinned 3 3 1 1",
+        ] {
             assert_eq!(parse_answer(line), None, "{line:?}");
         }
     }

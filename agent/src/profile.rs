@@ -186,3 +186,26 @@ pub fn place(
     let topo = NodeTopology::build(profile, node_name, &host)?;
     Ok((topo, host))
 }
+
+/// The GPUs a fault is checked against: `profile` placed as [`place`] does, or, where this host
+/// cannot take it (under `exec`, whose shim shows the mock's own device numbers and PCI
+/// devices), on a bare host; the GPU indices and NVLinks are the profile's either way.
+pub fn place_for_faults(
+    profile: &Profile,
+    node_name: &str,
+    sysfs: &Path,
+    procfs: &Path,
+) -> Result<NodeTopology, LoadError> {
+    match place(profile, node_name, sysfs, procfs) {
+        Ok((topo, _)) => Ok(topo),
+        Err(e) => {
+            tracing::debug!(error = %e, "the profile does not fit this host; checking on a bare one");
+            let host = HostTopology {
+                cpus: mockgpu_api::CpuSet::from_ids(0..2),
+                nr_cpu_ids: 2,
+                ..Default::default()
+            };
+            Ok(NodeTopology::build(profile, node_name, &host)?)
+        }
+    }
+}

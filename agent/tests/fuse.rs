@@ -2,7 +2,8 @@
 //! runs as root): every entry read back byte for byte, writes refused with EROFS, a reload
 //! visible at once, other users allowed, and a clean unmount; `nodev,nosuid` in the mount
 //! table; the host's PCI devices listed live; listings consistent across a reload; the
-//! process that pins a warmed tree.
+//! process that pins a warmed tree, and a warmed file read without a request after its pages
+//! were dropped.
 
 mod common;
 
@@ -15,7 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use mockgpu_agent::render::driver_tree;
-use mockgpu_agent::tree::Tree;
+use mockgpu_agent::tree::{Kind, Tree};
 use mockgpu_api::{NodeTopology, Profile};
 
 /// Walks `root` and returns (relative path, description) pairs, contents included.
@@ -328,6 +329,54 @@ fn a_reload_between_readdir_calls_neither_skips_nor_repeats_entries() {
 }
 
 #[test]
+fn a_warmed_file_is_read_without_a_request_after_its_cached_pages_are_dropped() {
+    let (_, tree) = common::fixed_tree("gb300");
+    let path = tree
+        .iter()
+        .map(|(p, _)| p.to_string())
+        .find(|p| p.ends_with("/information"))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = mockgpu_agent::fuse::mount(&tree, dir.path(), None).unwrap();
+    let file = dir.path().join(&path);
+    // Drops what the kernel caches of the file's pages (as `drop_caches` does for every
+    // file), then reads it: the read requests that reached the server, and what was read.
+    let drop_and_read = || {
+        let f = fs::File::open(&file).unwrap();
+        nix::fcntl::posix_fadvise(
+            &f,
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        )
+        .unwrap();
+        let before = m.handle.reads();
+        let read = fs::read_to_string(&file).unwrap();
+        (m.handle.reads() - before, read)
+    };
+    m.handle
+        .warm(&tree, Path::new(env!("CARGO_BIN_EXE_mockgpu-agent")));
+    let served = common::text(&tree, &path);
+    assert_eq!(drop_and_read(), (0, served), "{path} while pinned");
+    // A change still reaches readers: the invalidation drops the pinned pages.
+    let mut changed = tree.clone();
+    changed.file(&path, "changed\n");
+    m.handle.replace(&changed);
+    assert_eq!(
+        drop_and_read(),
+        (1, "changed\n".to_string()),
+        "{path} changed"
+    );
+    m.handle.unpin();
+    assert_eq!(
+        drop_and_read(),
+        (1, "changed\n".to_string()),
+        "{path} unpinned"
+    );
+    m.unmount().unwrap();
+}
+
+#[test]
 fn warm_pins_every_entry_in_a_child_until_unpinned() {
     let (_, tree) = common::fixed_tree("gb300");
     let dir = tempfile::tempdir().unwrap();
@@ -341,13 +390,27 @@ fn warm_pins_every_entry_in_a_child_until_unpinned() {
             .filter(|t| t.starts_with(dir.path()))
             .count()
     };
+    // files of the mounted tree that process `pid` maps
+    let mapped = |pid: &str| {
+        fs::read_to_string(format!("/proc/{pid}/maps"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(dir.path().to_str().unwrap()))
+            .count()
+    };
     let exited = |pid: u32| !Path::new(&format!("/proc/{pid}")).exists();
     assert_eq!(m.handle.pinner_id(), None);
     assert_eq!(m.handle.warm(&tree, agent), tree.len() - 1);
     let first = m.handle.pinner_id().expect("a pin-tree process");
     assert_eq!(pins(&first.to_string()), tree.len() - 1);
+    // every file that has a page is mapped, once
+    let files = tree
+        .iter()
+        .filter(|(_, e)| matches!(&e.kind, Kind::File(c) if !c.is_empty()))
+        .count();
+    assert_eq!(mapped(&first.to_string()), files);
     // none of them is this process's own: a killed agent never waits on its own mount
-    assert_eq!(pins("self"), 0);
+    assert_eq!((pins("self"), mapped("self")), (0, 0));
     // A second walk replaces the first one's process.
     m.handle.warm(&tree, agent);
     let second = m.handle.pinner_id().unwrap();

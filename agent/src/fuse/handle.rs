@@ -111,11 +111,11 @@ impl TreeHandle {
     }
 
     /// Walks the mounted `tree` once, reading every file, so that the kernel caches every
-    /// entry, attribute and page, and keeps a descriptor open on every entry (replacing those of
-    /// an earlier walk): the kernel does not evict dentries in use, so even after its caches
-    /// were dropped a consumer's read needs no lookup, only the read of the file's data. The
-    /// walk and the descriptors are a child's, `<program> pin-tree` ([`crate::pinner`]), never
-    /// this process's own. Returns the number of entries visited; entries that vanish meanwhile
+    /// entry, attribute and page, keeps a descriptor open on every entry and every file's pages
+    /// mapped and locked (replacing those of an earlier walk): the kernel evicts neither dentries
+    /// in use nor mapped pages, so even after its caches were dropped a consumer's read sends
+    /// no request. The walk, the descriptors and the mappings are a child's, `<program>
+    /// pin-tree` ([`crate::pinner`]), never this process's own. Returns the number of entries visited; entries that vanish meanwhile
     /// are skipped.
     pub fn warm(&self, tree: &Tree, program: &Path) -> usize {
         let root = &self.mountpoint;
@@ -132,6 +132,13 @@ impl TreeHandle {
                 pinned = walked.pinned,
                 entries = walked.visited,
                 "descriptor limit too low to pin the whole driver tree"
+            );
+        }
+        if walked.mapped > walked.locked {
+            tracing::warn!(
+                locked = walked.locked,
+                files = walked.mapped,
+                "memory lock limit too low to lock every file's pages: memory pressure may evict the rest"
             );
         }
         *self.inner.pinner.lock().unwrap_or_else(|e| e.into_inner()) = Some(pinner);

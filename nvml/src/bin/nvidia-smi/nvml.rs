@@ -8,59 +8,16 @@ use std::ffi::{CString, c_char, c_int, c_uint, c_ulong, c_ulonglong, c_void};
 
 use libloading::Library;
 
+mod health;
+mod types;
+
+pub use types::{
+    Bar1, Clock, EccCounter, Fabric, Memory, Pci, Process, RemappedRows, Ret, RetireCause,
+    Threshold,
+};
+
 /// The name the dynamic loader looks up, as the real tool's.
 pub const LIBRARY: &str = "libnvidia-ml.so.1";
-
-/// An `nvmlReturn_t` other than `NVML_SUCCESS`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ret(pub u32);
-
-impl Ret {
-    pub const INVALID_ARGUMENT: Ret = Ret(2);
-    pub const NOT_SUPPORTED: Ret = Ret(3);
-    pub const NOT_FOUND: Ret = Ret(6);
-    pub const INSUFFICIENT_SIZE: Ret = Ret(7);
-    pub const DRIVER_NOT_LOADED: Ret = Ret(9);
-    pub const FUNCTION_NOT_FOUND: Ret = Ret(13);
-    pub const GPU_IS_LOST: Ret = Ret(15);
-
-    /// `nvmlErrorString`'s text for this code.
-    pub fn message(self) -> &'static str {
-        match self.0 {
-            1 => "Uninitialized",
-            2 => "Invalid Argument",
-            3 => "Not Supported",
-            4 => "Insufficient Permissions",
-            5 => "Already Initialized",
-            6 => "Not Found",
-            7 => "Insufficient Size",
-            8 => "Insufficient External Power",
-            9 => "Driver Not Loaded",
-            10 => "Timeout",
-            11 => "Interrupt request issue",
-            12 => "NVML Shared Library Not Found",
-            13 => "Function Not Found",
-            14 => "Corrupted infoROM",
-            15 => "GPU is lost",
-            16 => "GPU requires restart",
-            17 => "The operating system has blocked the request.",
-            18 => "RM has detected an NVML/RM version mismatch.",
-            20 => "Insufficient Memory",
-            21 => "No data",
-            26 => "Requested functionality has been deprecated",
-            _ => "Unknown Error",
-        }
-    }
-
-    /// What the real tool prints for a value NVML did not give: `N/A` when the device or the
-    /// library does not support it, the error's text otherwise.
-    pub fn na(self) -> &'static str {
-        match self {
-            Ret::NOT_SUPPORTED | Ret::FUNCTION_NOT_FOUND | Ret::NOT_FOUND => "N/A",
-            other => other.message(),
-        }
-    }
-}
 
 /// A value from NVML, or the code it answered instead.
 pub type Val<T> = Result<T, Ret>;
@@ -161,17 +118,6 @@ struct RawFabric {
     state: u8,
 }
 
-/// PCI identity of a device, from `nvmlDeviceGetPciInfo_v3`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pci {
-    pub bus_id: String,
-    pub domain: u32,
-    pub bus: u32,
-    pub device: u32,
-    pub device_id: u32,
-    pub sub_system_id: u32,
-}
-
 impl From<&RawPci> for Pci {
     fn from(p: &RawPci) -> Self {
         Pci {
@@ -183,82 +129,6 @@ impl From<&RawPci> for Pci {
             sub_system_id: p.pci_sub_system_id,
         }
     }
-}
-
-/// Frame buffer memory in bytes; `reserved` is absent where only `nvmlDeviceGetMemoryInfo` works.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Memory {
-    pub total: u64,
-    pub reserved: Option<u64>,
-    pub used: u64,
-    pub free: u64,
-}
-
-/// BAR1 memory in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bar1 {
-    pub total: u64,
-    pub used: u64,
-    pub free: u64,
-}
-
-/// A process holding a compute context.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Process {
-    pub pid: u32,
-    pub used_memory: u64,
-}
-
-/// `nvmlGpuFabricInfo_t`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fabric {
-    pub cluster_uuid: [u8; 16],
-    pub status: u32,
-    pub clique_id: u32,
-    pub state: u8,
-}
-
-/// Remapped rows, from `nvmlDeviceGetRemappedRows`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RemappedRows {
-    pub correctable: u32,
-    pub uncorrectable: u32,
-    pub pending: bool,
-    pub failure: bool,
-}
-
-/// `nvmlClockType_t`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Clock {
-    Graphics = 0,
-    Sm = 1,
-    Memory = 2,
-    Video = 3,
-}
-
-/// `nvmlTemperatureThresholds_t`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Threshold {
-    Shutdown = 0,
-    Slowdown = 1,
-    MemoryMax = 2,
-    GpuMax = 3,
-}
-
-/// `nvmlMemoryErrorType_t` and `nvmlEccCounterType_t` with the location of
-/// `nvmlDeviceGetMemoryErrorCounter`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EccCounter {
-    pub uncorrected: bool,
-    pub aggregate: bool,
-    pub sram: bool,
-}
-
-/// `nvmlPageRetirementCause_t`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetireCause {
-    MultipleSingleBit = 0,
-    DoubleBit = 1,
 }
 
 /// The most links `nvmlDeviceGetNvLinkState` takes (`NVML_NVLINK_MAX_LINKS`).
@@ -738,163 +608,6 @@ impl Nvml {
     /// (current, pending) MIG mode.
     pub fn mig_mode(&self, d: Device) -> Val<(u32, u32)> {
         self.two_u32(self.f.nvmlDeviceGetMigMode, d)
-    }
-
-    /// Total ECC errors of one kind over the whole device.
-    pub fn total_ecc_errors(&self, d: Device, uncorrected: bool, aggregate: bool) -> Val<u64> {
-        let f = get(self.f.nvmlDeviceGetTotalEccErrors)?;
-        let mut v = 0;
-        // SAFETY: one out pointer to a live u64.
-        check(unsafe { f(d, uncorrected as c_uint, aggregate as c_uint, &mut v) })?;
-        Ok(v)
-    }
-
-    /// ECC errors of one kind in DRAM (`NVML_MEMORY_LOCATION_DRAM`) or SRAM.
-    pub fn memory_errors(&self, d: Device, c: EccCounter) -> Val<u64> {
-        const DRAM: c_uint = 2;
-        const SRAM: c_uint = 7;
-        let f = get(self.f.nvmlDeviceGetMemoryErrorCounter)?;
-        let location = if c.sram { SRAM } else { DRAM };
-        let mut v = 0;
-        // SAFETY: one out pointer to a live u64.
-        check(unsafe {
-            f(
-                d,
-                c.uncorrected as c_uint,
-                c.aggregate as c_uint,
-                location,
-                &mut v,
-            )
-        })?;
-        Ok(v)
-    }
-
-    /// How many pages were retired for `cause`.
-    pub fn retired_pages(&self, d: Device, cause: RetireCause) -> Val<u32> {
-        let f = get(self.f.nvmlDeviceGetRetiredPages)?;
-        let mut count = 0;
-        // SAFETY: a zero count with no buffer asks only for the count.
-        match check(unsafe { f(d, cause as c_uint, &mut count, std::ptr::null_mut()) }) {
-            Ok(()) | Err(Ret::INSUFFICIENT_SIZE) => Ok(count),
-            Err(e) => Err(e),
-        }
-    }
-
-    pub fn retired_pages_pending(&self, d: Device) -> Val<bool> {
-        Ok(self.u32_of(self.f.nvmlDeviceGetRetiredPagesPendingStatus, d)? != 0)
-    }
-
-    pub fn remapped_rows(&self, d: Device) -> Val<RemappedRows> {
-        let f = get(self.f.nvmlDeviceGetRemappedRows)?;
-        let (mut corr, mut unc, mut pending, mut failure) = (0, 0, 0, 0);
-        // SAFETY: four out pointers to live u32s.
-        check(unsafe { f(d, &mut corr, &mut unc, &mut pending, &mut failure) })?;
-        Ok(RemappedRows {
-            correctable: corr,
-            uncorrectable: unc,
-            pending: pending != 0,
-            failure: failure != 0,
-        })
-    }
-
-    pub fn pcie_generation(&self, d: Device) -> Val<u32> {
-        self.u32_of(self.f.nvmlDeviceGetCurrPcieLinkGeneration, d)
-    }
-
-    pub fn max_pcie_generation(&self, d: Device) -> Val<u32> {
-        self.u32_of(self.f.nvmlDeviceGetMaxPcieLinkGeneration, d)
-    }
-
-    pub fn gpu_max_pcie_generation(&self, d: Device) -> Val<u32> {
-        self.u32_of(self.f.nvmlDeviceGetGpuMaxPcieLinkGeneration, d)
-    }
-
-    pub fn pcie_width(&self, d: Device) -> Val<u32> {
-        self.u32_of(self.f.nvmlDeviceGetCurrPcieLinkWidth, d)
-    }
-
-    pub fn max_pcie_width(&self, d: Device) -> Val<u32> {
-        self.u32_of(self.f.nvmlDeviceGetMaxPcieLinkWidth, d)
-    }
-
-    /// Processes with a compute context on the device.
-    pub fn compute_processes(&self, d: Device) -> Val<Vec<Process>> {
-        let f = get(self.f.nvmlDeviceGetComputeRunningProcesses_v3)?;
-        let mut count = 0;
-        // SAFETY: a zero count with no buffer asks only for the count.
-        match check(unsafe { f(d, &mut count, std::ptr::null_mut()) }) {
-            Ok(()) => return Ok(Vec::new()),
-            Err(Ret::INSUFFICIENT_SIZE) => {}
-            Err(e) => return Err(e),
-        }
-        let mut raw = vec![RawProcess::default(); count as usize];
-        // SAFETY: raw holds `count` entries, as passed.
-        check(unsafe { f(d, &mut count, raw.as_mut_ptr()) })?;
-        raw.truncate(count as usize);
-        Ok(raw
-            .iter()
-            .map(|p| Process {
-                pid: p.pid,
-                used_memory: p.used_gpu_memory,
-            })
-            .collect())
-    }
-
-    /// The CPUs the device is close to.
-    pub fn cpu_affinity(&self, d: Device) -> Val<Vec<u32>> {
-        let f = get(self.f.nvmlDeviceGetCpuAffinity)?;
-        let mut words = [0 as c_ulong; MASK_WORDS];
-        // SAFETY: words holds MASK_WORDS entries, as passed.
-        check(unsafe { f(d, MASK_WORDS as c_uint, words.as_mut_ptr()) })?;
-        Ok(mask_bits(&words))
-    }
-
-    /// The NUMA nodes whose memory the device is close to (`NVML_AFFINITY_SCOPE_NODE`).
-    pub fn memory_affinity(&self, d: Device) -> Val<Vec<u32>> {
-        let f = get(self.f.nvmlDeviceGetMemoryAffinity)?;
-        let mut words = [0 as c_ulong; MASK_WORDS];
-        // SAFETY: words holds MASK_WORDS entries, as passed.
-        check(unsafe { f(d, MASK_WORDS as c_uint, words.as_mut_ptr(), 0) })?;
-        Ok(mask_bits(&words))
-    }
-
-    pub fn numa_node(&self, d: Device) -> Val<u32> {
-        self.u32_of(self.f.nvmlDeviceGetNumaNodeId, d)
-    }
-
-    /// `nvmlGpuTopologyLevel_t` between two devices.
-    pub fn common_ancestor(&self, a: Device, b: Device) -> Val<u32> {
-        let f = get(self.f.nvmlDeviceGetTopologyCommonAncestor)?;
-        let mut level = 0;
-        // SAFETY: one out pointer to a live u32.
-        check(unsafe { f(a, b, &mut level) })?;
-        Ok(level)
-    }
-
-    pub fn nvlink_active(&self, d: Device, link: u32) -> Val<bool> {
-        Ok(self.u32_with(self.f.nvmlDeviceGetNvLinkState, d, link)? != 0)
-    }
-
-    pub fn nvlink_remote_pci(&self, d: Device, link: u32) -> Val<Pci> {
-        let f = get(self.f.nvmlDeviceGetNvLinkRemotePciInfo_v2)?;
-        // SAFETY: an all-zero nvmlPciInfo_t is valid.
-        let mut raw: RawPci = unsafe { std::mem::zeroed() };
-        // SAFETY: an out pointer to a live nvmlPciInfo_t.
-        check(unsafe { f(d, link, &mut raw) })?;
-        Ok(Pci::from(&raw))
-    }
-
-    pub fn fabric(&self, d: Device) -> Val<Fabric> {
-        let f = get(self.f.nvmlDeviceGetGpuFabricInfo)?;
-        let mut raw = RawFabric::default();
-        // SAFETY: an out pointer to a live nvmlGpuFabricInfo_t.
-        check(unsafe { f(d, &mut raw) })?;
-        Ok(Fabric {
-            cluster_uuid: raw.cluster_uuid,
-            status: raw.status,
-            clique_id: raw.clique_id,
-            state: raw.state,
-        })
     }
 }
 

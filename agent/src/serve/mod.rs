@@ -2,32 +2,35 @@
 //! the node up ([`crate::node`]), mounts the driver tree over FUSE, follows profile changes, runs
 //! the NRI plugin and the kubelet device plugin in-process and answers health checks.
 
-use std::fs;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, mpsc};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use mockgpu_api::{DriverGpu, HostTopology, Layout, NodeTopology};
+use mockgpu_api::{DriverGpu, NodeTopology};
 use mockgpu_health::{HealthServer, Probe, Registry};
-use mockgpu_nri::{GpuInventory, Inventory, NotReady, PinningEvent, Plugin};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::{counter::ConstCounter, gauge::ConstGauge};
+use mockgpu_nri::{PinningEvent, Plugin};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::faults::{self, Checked, ClusterFaults, FaultReport, Sourced, Verdicts};
-use crate::fuse::{Mounted, TreeHandle};
+use crate::fuse::Mounted;
 use crate::node::{self, SetupError};
-use crate::profile::{self, LoadError, ProfileSource};
+use crate::profile::{self, LoadError};
 use crate::tree::Tree;
 use crate::{device_plugin, dra, real, report};
+use follow::{Follower, reload_loop};
+use metrics::AgentMetrics;
+
+mod follow;
+mod metrics;
+mod state;
+
+pub use state::ServeConfig;
+use state::{AgentState, record_served};
 
 /// Errors of `serve`.
 #[derive(Debug, thiserror::Error)]
@@ -74,183 +77,6 @@ pub enum ServeError {
     },
 }
 
-/// Settings of `serve`.
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    /// The profile.
-    pub profile: ProfileSource,
-    /// Node name (part of the GPUs' identity).
-    pub node_name: String,
-    /// sysfs of the host (`/sys`).
-    pub sysfs: PathBuf,
-    /// procfs of the host (`/proc`): its `devices` and a real driver.
-    pub procfs: PathBuf,
-    /// Where the tree, the shim and `ld.so.preload` go, and where containers see them.
-    pub layout: Layout,
-    /// Health endpoint address.
-    pub listen: SocketAddr,
-    /// How often the profile file is checked for changes.
-    pub reload_interval: Duration,
-    /// The in-process NRI plugin's settings, when enabled.
-    pub nri: Option<mockgpu_nri::Config>,
-    /// The kubelet device plugin's settings, when enabled.
-    pub device_plugin: Option<device_plugin::Config>,
-    /// The DRA driver's settings, when enabled (it needs `report`'s API server).
-    pub dra: Option<dra::Config>,
-    /// The GpuNode reporter's settings, when an API server is configured.
-    pub report: Option<report::Config>,
-    /// Serve through the keeper (started when none runs, with this data path), which holds the
-    /// mount while agents restart; root only (otherwise, and with `None`, the agent mounts
-    /// itself).
-    pub keeper: Option<crate::keeper::DataPath>,
-}
-
-/// The agent's live state, shared by the reload loop, the NRI plugin and the health endpoint.
-#[derive(Default)]
-pub(crate) struct AgentState {
-    topology: RwLock<Option<NodeTopology>>,
-    mounted: std::sync::atomic::AtomicBool,
-    reloads: AtomicU64,
-    reload_errors: AtomicU64,
-    real_gpus: AtomicU64,
-    mount_ms: AtomicU64,
-    handle: RwLock<Option<TreeHandle>>,
-    /// Every topology put in place, for the device plugin.
-    published: tokio::sync::watch::Sender<Option<NodeTopology>>,
-    /// The faults applied, for the device plugin and the reporter.
-    faults: watch::Sender<FaultReport>,
-    /// Fault entries refused (invalid, or naming what the node lacks), counted at each change.
-    fault_errors: AtomicU64,
-    /// The GpuFault objects, as the watcher keeps them (empty without one).
-    cluster: watch::Sender<ClusterFaults>,
-    /// What the agent made of this node's GpuFault objects, for their status.
-    verdicts: watch::Sender<Verdicts>,
-}
-
-impl AgentState {
-    fn gpu_count(&self) -> usize {
-        self.topology
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(0, |t| t.gpus.len())
-    }
-}
-
-impl Inventory for AgentState {
-    fn snapshot(&self) -> Result<GpuInventory, NotReady> {
-        if !self.mounted.load(Ordering::Acquire) {
-            return Err(NotReady(
-                "the agent has not mounted the driver tree yet".into(),
-            ));
-        }
-        let topo = self.topology.read().unwrap_or_else(|e| e.into_inner());
-        let topo = topo
-            .as_ref()
-            .ok_or_else(|| NotReady("no topology loaded".into()))?;
-        Ok(GpuInventory {
-            gpus: topo.gpus.clone(),
-            devices: topo.devices,
-        })
-    }
-}
-
-impl Probe for AgentState {
-    fn ready(&self) -> Result<(), String> {
-        if self.real_gpus.load(Ordering::Relaxed) > 0 || self.mounted.load(Ordering::Acquire) {
-            Ok(())
-        } else {
-            Err("driver tree not mounted".into())
-        }
-    }
-}
-
-/// The agent's `mockgpu_*` metrics, read from its state at each scrape.
-struct AgentMetrics(Arc<AgentState>);
-
-impl std::fmt::Debug for AgentMetrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AgentMetrics")
-    }
-}
-
-impl Collector for AgentMetrics {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let state = &self.0;
-        let relaxed = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let gauges = [
-            ("mockgpu_gpus", "Mock GPUs served", state.gpu_count() as u64),
-            (
-                "mockgpu_real_gpus",
-                "Real GPUs found (report-only mode)",
-                relaxed(&state.real_gpus),
-            ),
-            (
-                "mockgpu_mounted",
-                "Whether the FUSE tree is mounted",
-                u64::from(state.mounted.load(Ordering::Relaxed)),
-            ),
-            (
-                "mockgpu_mount_duration_milliseconds",
-                "Time from start to mounted",
-                relaxed(&state.mount_ms),
-            ),
-            (
-                "mockgpu_faults",
-                "GPU faults applied (local and GpuFault objects)",
-                state.faults.borrow().faults.len() as u64,
-            ),
-            (
-                "mockgpu_unhealthy_gpus",
-                "GPUs the faults leave unhealthy",
-                u64::from(state.faults.borrow().unhealthy_gpus()),
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let gauge = ConstGauge::new(value);
-            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-        }
-        let reads = state
-            .handle
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(0, TreeHandle::reads);
-        let counters = [
-            (
-                "mockgpu_profile_reloads",
-                "Profile changes applied",
-                relaxed(&state.reloads),
-            ),
-            (
-                "mockgpu_profile_reload_errors",
-                "Profile changes rejected",
-                relaxed(&state.reload_errors),
-            ),
-            (
-                "mockgpu_fault_errors",
-                "GPU fault entries refused (invalid, or naming what the node lacks)",
-                relaxed(&state.fault_errors),
-            ),
-            (
-                "mockgpu_fuse_reads",
-                "Reads that reached the agent (kernel cache misses)",
-                reads,
-            ),
-        ];
-        for (name, help, value) in counters {
-            let counter = ConstCounter::new(value);
-            counter.encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                counter.metric_type(),
-            )?)?;
-        }
-        Ok(())
-    }
-}
-
 /// Everything from loading the profile to a mounted, warmed tree: blocking work, run off the
 /// async runtime.
 fn prepare(
@@ -262,7 +88,7 @@ fn prepare(
     let mut follower = Follower::new(cfg, raw, placed);
     follower.read_local();
     let tree = follower.render(state);
-    let topo = follower.placed.0.clone();
+    let topo = follower.topology().clone();
     let relay = node::set_up(&cfg.layout, cfg.keeper)?;
     let mountpoint = cfg.layout.mount_point();
     let mounted = match relay {
@@ -674,223 +500,6 @@ async fn unmount(
     })
 }
 
-/// Leaves the paths of `tree` in `record` for the next agent on the keeper's connection.
-fn record_served(tree: &Tree, record: &Path) {
-    if let Err(e) = crate::fuse::record_paths(tree, record) {
-        tracing::warn!(file = %record.display(), error = %e, "cannot record the paths served; the next agent may see stale ones");
-    }
-}
-
-/// Every `reload_interval` until `stop` is dropped: rebuilds the tree when the profile file or
-/// the host's `/proc/devices` changed (a module loaded since may have taken a major the mock
-/// chose), or the faults did (the local fault file, the GpuFault objects, one of them expiring),
-/// and swaps it in place. A rejected profile keeps the previous one; a fault that does not fit
-/// the node is logged and skipped. `record` as [`record_served`] (relayed connections only).
-fn reload_loop(
-    state: &AgentState,
-    cfg: &ServeConfig,
-    handle: &TreeHandle,
-    record: Option<&Path>,
-    mut follower: Follower,
-    stop: &mpsc::Receiver<()>,
-) {
-    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(cfg.reload_interval) {
-        let Some(profile_changed) = follower.poll_profile(state) else {
-            continue;
-        };
-        follower.read_local();
-        if !profile_changed && !follower.faults_changed(state) {
-            continue;
-        }
-        let tree = follower.render(state);
-        let changed = handle.replace(&tree);
-        if let Some(record) = record {
-            record_served(&tree, record);
-        }
-        handle.warm(&tree, Path::new(crate::SELF_EXE));
-        let topo = follower.placed.0.clone();
-        let mut current = state.topology.write().unwrap_or_else(|e| e.into_inner());
-        if current.as_ref() != Some(&topo) {
-            if current.as_ref().is_some_and(|t| t.devices != topo.devices) {
-                tracing::warn!(devices = ?topo.devices, "the host's /proc/devices changed: device majors chosen anew");
-            }
-            tracing::info!(profile = %topo.profile.name, gpus = topo.gpus.len(), changed, "tree updated");
-            state.published.send_replace(Some(topo.clone()));
-            *current = Some(topo);
-        } else {
-            tracing::info!(changed, "tree updated for the faults");
-        }
-    }
-}
-
-/// What the reload loop follows: the profile and the host's device numbers, the local fault
-/// file and the GpuFault objects, with what it served last.
-pub(crate) struct Follower {
-    profile: ProfileSource,
-    node_name: String,
-    sysfs: PathBuf,
-    procfs: PathBuf,
-    faults_file: PathBuf,
-    /// The profile's bytes and `/proc/devices` last seen.
-    raw: Vec<u8>,
-    devices: Vec<u8>,
-    /// The GPUs placed on the host by the last profile accepted.
-    placed: (NodeTopology, HostTopology),
-    /// The fault file's bytes last read (`None` before the first read), and its faults.
-    local_raw: Option<Vec<u8>>,
-    local: Vec<Sourced>,
-    /// The last error reading the fault file (logged once).
-    local_error: Option<String>,
-    /// The faults last applied or refused, and the GpuFault objects expired then.
-    candidates: Vec<Sourced>,
-    expired: std::collections::BTreeMap<String, String>,
-}
-
-impl Follower {
-    fn new(cfg: &ServeConfig, raw: Vec<u8>, placed: (NodeTopology, HostTopology)) -> Follower {
-        Follower {
-            profile: cfg.profile.clone(),
-            node_name: cfg.node_name.clone(),
-            sysfs: cfg.sysfs.clone(),
-            procfs: cfg.procfs.clone(),
-            faults_file: cfg.layout.faults_file(),
-            devices: fs::read(cfg.procfs.join("devices")).unwrap_or_default(),
-            raw,
-            placed,
-            local_raw: None,
-            local: Vec::new(),
-            local_error: None,
-            candidates: Vec::new(),
-            expired: std::collections::BTreeMap::new(),
-        }
-    }
-
-    /// Reads the profile and `/proc/devices`; on a change, places the GPUs anew. Whether the
-    /// placement changed; `None` when the profile cannot be read.
-    fn poll_profile(&mut self, state: &AgentState) -> Option<bool> {
-        let profile_now = match self.profile.read() {
-            Ok(now) => now,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read profile file");
-                return None;
-            }
-        };
-        let devices_now = fs::read(self.procfs.join("devices")).unwrap_or_default();
-        if profile_now == self.raw && devices_now == self.devices {
-            return Some(false);
-        }
-        let placed = self
-            .profile
-            .parse(&profile_now)
-            .and_then(|p| profile::place(&p, &self.node_name, &self.sysfs, &self.procfs));
-        self.raw = profile_now;
-        self.devices = devices_now;
-        match placed {
-            Ok(placed) => {
-                self.placed = placed;
-                state.reloads.fetch_add(1, Ordering::Relaxed);
-                Some(true)
-            }
-            Err(e) => {
-                state.reload_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "profile change rejected; still serving the previous tree");
-                Some(false)
-            }
-        }
-    }
-
-    /// Reads the local fault file; when its bytes changed, takes its faults (an entry that is
-    /// not a fault is logged and skipped; a file that is no fault file at all is logged, and
-    /// the faults read before stay).
-    fn read_local(&mut self) {
-        let raw = match faults::read_raw(&self.faults_file) {
-            Ok(raw) => raw,
-            Err(e) => {
-                let e = e.to_string();
-                if self.local_error.as_ref() != Some(&e) {
-                    tracing::warn!(error = %e, "cannot read the local faults; keeping those read before");
-                    self.local_error = Some(e);
-                }
-                return;
-            }
-        };
-        self.local_error = None;
-        if self.local_raw.as_ref() == Some(&raw) {
-            return;
-        }
-        match faults::parse_lenient(&raw) {
-            Ok((local, errors)) => {
-                for error in errors {
-                    tracing::warn!(file = %self.faults_file.display(), %error, "local fault skipped");
-                }
-                self.local = local;
-            }
-            Err(e) => {
-                tracing::warn!(file = %self.faults_file.display(), error = %e, "the fault file is invalid; keeping the faults read before");
-            }
-        }
-        self.local_raw = Some(raw);
-    }
-
-    /// The local faults, then those of the GpuFault objects naming this node that have not
-    /// expired, and the objects that have.
-    fn gather(
-        &self,
-        state: &AgentState,
-    ) -> (Vec<Sourced>, std::collections::BTreeMap<String, String>) {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let (cluster, expired) =
-            faults::cluster_candidates(&state.cluster.borrow(), &self.node_name, now);
-        let mut candidates = self.local.clone();
-        candidates.extend(cluster);
-        (candidates, expired)
-    }
-
-    /// Whether the faults differ from those last rendered.
-    fn faults_changed(&self, state: &AgentState) -> bool {
-        let (candidates, expired) = self.gather(state);
-        candidates != self.candidates || expired != self.expired
-    }
-
-    /// Checks the faults against the GPUs placed, publishes them (and the GpuFault objects'
-    /// verdicts) and renders the tree they leave.
-    fn render(&mut self, state: &AgentState) -> crate::tree::Tree {
-        let (candidates, expired) = self.gather(state);
-        let (topo, host) = &self.placed;
-        let checked = Checked::of(topo, &candidates);
-        for (source, error) in &checked.refused {
-            tracing::warn!(%source, %error, "GPU fault skipped: it does not fit this node");
-        }
-        state
-            .fault_errors
-            .fetch_add(checked.refused.len() as u64, Ordering::Relaxed);
-        let applied = checked.faults();
-        if !candidates.is_empty() || !self.candidates.is_empty() {
-            tracing::info!(
-                faults = applied.len(),
-                refused = checked.refused.len(),
-                "GPU faults applied"
-            );
-        }
-        let tree = crate::render::driver_tree_with(topo, host, &applied);
-        state.faults.send_if_modified(|current| {
-            let report = checked.report(topo);
-            let changed = *current != report;
-            *current = report;
-            changed
-        });
-        let verdicts = faults::verdicts(&state.cluster.borrow(), &checked, &expired);
-        state.verdicts.send_if_modified(|current| {
-            let changed = *current != verdicts;
-            *current = verdicts;
-            changed
-        });
-        self.candidates = candidates;
-        self.expired = expired;
-        tree
-    }
-}
-
 /// Logs a pinning event (the pinned-container gauge, `mockgpu_nri_pinned_containers`, follows the
 /// plugin's pin table).
 fn log_pinning(event: &PinningEvent) {
@@ -911,48 +520,5 @@ fn log_pinning(event: &PinningEvent) {
         } => {
             tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %container_name, "container unpinned");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn agent_metrics_are_named_and_counted() {
-        let state = Arc::new(AgentState::default());
-        state.reloads.store(2, Ordering::Relaxed);
-        state.reload_errors.store(1, Ordering::Relaxed);
-        state.mount_ms.store(42, Ordering::Relaxed);
-        state.mounted.store(true, Ordering::Release);
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(AgentMetrics(state)));
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-        for line in [
-            "# TYPE mockgpu_gpus gauge",
-            "mockgpu_gpus 0",
-            "mockgpu_real_gpus 0",
-            "mockgpu_mounted 1",
-            "mockgpu_mount_duration_milliseconds 42",
-            "# TYPE mockgpu_profile_reloads counter",
-            "mockgpu_profile_reloads_total 2",
-            "mockgpu_profile_reload_errors_total 1",
-            "mockgpu_fuse_reads_total 0",
-        ] {
-            assert!(out.lines().any(|l| l == line), "{line:?} missing in\n{out}");
-        }
-        assert!(out.ends_with("\n# EOF\n"), "{out}");
-    }
-
-    #[test]
-    fn agent_is_ready_once_mounted_or_on_a_real_gpu_node() {
-        let state = AgentState::default();
-        assert_eq!(state.ready(), Err("driver tree not mounted".into()));
-        state.mounted.store(true, Ordering::Release);
-        assert_eq!(state.ready(), Ok(()));
-        let real = AgentState::default();
-        real.real_gpus.store(8, Ordering::Relaxed);
-        assert_eq!(real.ready(), Ok(()));
     }
 }
