@@ -328,51 +328,90 @@ fn a_reload_between_readdir_calls_neither_skips_nor_repeats_entries() {
     m.unmount().unwrap();
 }
 
+/// The first `information` file of `tree`.
+fn information(tree: &Tree) -> String {
+    tree.iter()
+        .map(|(p, _)| p.to_string())
+        .find(|p| p.ends_with("/information"))
+        .unwrap()
+}
+
+/// Drops what the kernel caches of `file`'s pages (as `drop_caches` does for every file), then
+/// reads it: the read requests that reached `m`'s server, and what was read.
+fn drop_and_read(m: &mockgpu_agent::fuse::Mounted, file: &Path) -> (u64, String) {
+    let f = fs::File::open(file).unwrap();
+    nix::fcntl::posix_fadvise(
+        &f,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    )
+    .unwrap();
+    let before = m.handle.reads();
+    let read = fs::read_to_string(file).unwrap();
+    (m.handle.reads() - before, read)
+}
+
 #[test]
 fn a_warmed_file_is_read_without_a_request_after_its_cached_pages_are_dropped() {
     let (_, tree) = common::fixed_tree("gb300");
-    let path = tree
-        .iter()
-        .map(|(p, _)| p.to_string())
-        .find(|p| p.ends_with("/information"))
-        .unwrap();
+    let path = information(&tree);
     let dir = tempfile::tempdir().unwrap();
     let m = mockgpu_agent::fuse::mount(&tree, dir.path(), None).unwrap();
     let file = dir.path().join(&path);
-    // Drops what the kernel caches of the file's pages (as `drop_caches` does for every
-    // file), then reads it: the read requests that reached the server, and what was read.
-    let drop_and_read = || {
-        let f = fs::File::open(&file).unwrap();
-        nix::fcntl::posix_fadvise(
-            &f,
-            0,
-            0,
-            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-        )
-        .unwrap();
-        let before = m.handle.reads();
-        let read = fs::read_to_string(&file).unwrap();
-        (m.handle.reads() - before, read)
-    };
     m.handle
         .warm(&tree, Path::new(env!("CARGO_BIN_EXE_mockgpu-agent")));
     let served = common::text(&tree, &path);
-    assert_eq!(drop_and_read(), (0, served), "{path} while pinned");
+    assert_eq!(drop_and_read(&m, &file), (0, served), "{path} while pinned");
     // A change still reaches readers: the invalidation drops the pinned pages.
     let mut changed = tree.clone();
     changed.file(&path, "changed\n");
     m.handle.replace(&changed);
-    assert_eq!(
-        drop_and_read(),
-        (1, "changed\n".to_string()),
-        "{path} changed"
-    );
+    let changed = (1, "changed\n".to_string());
+    assert_eq!(drop_and_read(&m, &file), changed, "{path} changed");
     m.handle.unpin();
-    assert_eq!(
-        drop_and_read(),
-        (1, "changed\n".to_string()),
-        "{path} unpinned"
-    );
+    assert_eq!(drop_and_read(&m, &file), changed, "{path} unpinned");
+    m.unmount().unwrap();
+}
+
+#[test]
+fn without_the_memory_lock_pin_tree_keeps_the_pages_mapped_and_says_so() {
+    use std::io::{BufRead, Write};
+    use std::os::unix::process::CommandExt;
+    let (_, tree) = common::fixed_tree("gb300");
+    let path = information(&tree);
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let m = mockgpu_agent::fuse::mount(&tree, dir.path(), None).unwrap();
+    // `pin-tree` as another user (no CAP_IPC_LOCK) whose memory lock limit is 0
+    let mut pin_tree = Command::new(env!("CARGO_BIN_EXE_mockgpu-agent"));
+    pin_tree
+        .arg("pin-tree")
+        .arg(dir.path())
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        pin_tree.pre_exec(|| {
+            use nix::sys::resource::{Resource, setrlimit};
+            setrlimit(Resource::RLIMIT_MEMLOCK, 0, 0).map_err(std::io::Error::from)
+        });
+    }
+    let mut child = pin_tree.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(format!("f{path}\0\0").as_bytes()).unwrap();
+    let mut answer = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut answer)
+        .unwrap();
+    assert_eq!(answer, "walked 1 1 1 0\n");
+    // mapped, not locked: still safe from dropped caches
+    let served = common::text(&tree, &path);
+    assert_eq!(drop_and_read(&m, &dir.path().join(&path)), (0, served));
+    drop(input);
+    assert!(child.wait().unwrap().success());
     m.unmount().unwrap();
 }
 
