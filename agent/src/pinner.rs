@@ -14,10 +14,10 @@
 //! its connection closes and the keeper gives the child's request to the next agent.
 //!
 //! The protocol, over the child's standard input and output: the agent writes the entries, each
-//! as `f` (a file: read it, then pin it) or `p` (pin only) and its path relative to the mount
+//! as `f` (a file: read, map and pin it) or `p` (pin only) and its path relative to the mount
 //! point, ending in a NUL byte, then an empty record; the child walks them and answers one line,
-//! `walked <visited> <pinned> <mapped> <locked>`. It holds its descriptors until its input closes (the agent
-//! replaced it, or died), then exits.
+//! `walked <visited> <pinned> <mapped> <locked>`. It holds its descriptors and mappings until
+//! its input closes (the agent replaced it, or died), then exits.
 
 use std::ffi::c_void;
 use std::io::{self, BufRead, Read, Write};
