@@ -15,8 +15,9 @@ use mockgpu_nri::{PinningEvent, Plugin};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use crate::faults::FaultReport;
 use crate::fuse::Mounted;
 use crate::node::{self, SetupError};
 use crate::profile::{self, LoadError};
@@ -335,13 +336,7 @@ impl Agent {
         }
         // The device plugin waits for the first topology, then registers with the kubelet.
         if let Some(config) = self.cfg.device_plugin.clone() {
-            let topology = self.state.published.subscribe();
-            let faults = self.state.faults.subscribe();
-            let stop = self.stop.clone().cancelled_owned();
-            // cancels `kubelet_plugin_ended` when the task ends, by a panic too
-            let ended = self.kubelet_plugin_ended.clone().drop_guard();
-            self.tasks.spawn(async move {
-                let _ended = ended;
+            self.spawn_kubelet_plugin(|topology, faults, stop| async move {
                 let (sys, metrics) = (crate::sys::Linux, device_plugin_metrics);
                 let run =
                     device_plugin::run(config, sys, topology, faults, metrics, standing_tx, stop);
@@ -352,25 +347,36 @@ impl Agent {
         if let (Some(config), Some(r), Some(prepared)) =
             (self.cfg.dra.clone(), self.cfg.report.clone(), prepared)
         {
-            let topology = self.state.published.subscribe();
-            let faults = self.state.faults.subscribe();
-            let stop = self.stop.clone().cancelled_owned();
-            let ended = self.kubelet_plugin_ended.clone().drop_guard();
-            self.tasks.spawn(async move {
-                let _ended = ended;
-                let run = dra::run(
-                    config,
-                    r.credentials,
-                    r.node_name,
-                    topology,
-                    faults,
-                    prepared,
-                    stop,
-                );
+            self.spawn_kubelet_plugin(|topology, faults, stop| async move {
+                let (credentials, node) = (r.credentials, r.node_name);
+                let run = dra::run(config, credentials, node, topology, faults, prepared, stop);
                 Ended::Dra(run.await)
             });
         }
         reporter
+    }
+
+    /// Spawns a kubelet plugin's task (the device plugin, the DRA driver) on what both follow:
+    /// the topologies published, the faults and the stop. The task's end, by a panic too,
+    /// cancels `kubelet_plugin_ended`.
+    fn spawn_kubelet_plugin<F>(
+        &mut self,
+        task: impl FnOnce(
+            watch::Receiver<Option<NodeTopology>>,
+            watch::Receiver<FaultReport>,
+            WaitForCancellationFutureOwned,
+        ) -> F,
+    ) where
+        F: Future<Output = Ended> + Send + 'static,
+    {
+        let topology = self.state.published.subscribe();
+        let faults = self.state.faults.subscribe();
+        let run = task(topology, faults, self.stop.clone().cancelled_owned());
+        let ended = self.kubelet_plugin_ended.clone().drop_guard();
+        self.tasks.spawn(async move {
+            let _ended = ended;
+            run.await
+        });
     }
 
     /// Loads, builds and mounts the tree (off the runtime), then publishes its topology to the
