@@ -111,6 +111,8 @@ step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo deny: licenses, duplicate versions, sources (tests/deny.sh)"
 bash tests/deny.sh
+step "no two modules use each other in a circle (tests/import-cycles.py)"
+python3 tests/import-cycles.py $(git ls-files '*/lib.rs' '*/main.rs' | xargs -n1 dirname | sort -u)
 # No separate build: `cargo test` builds every library and binary in debug (and fails on what
 # `cargo build` would), and the later steps run those (tests/build-bins.sh then compiles only the
 # few dependencies whose features differ without the dev-dependencies). No release build on this

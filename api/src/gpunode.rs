@@ -29,6 +29,9 @@ pub mod condition {
     /// Another device plugin (the GPU Operator's) serves the GPU resource on the node, so the
     /// agent's own stands down (set by the agent while its device plugin is on).
     pub const DEVICE_PLUGIN_CONFLICT: &str = "DevicePluginConflict";
+    /// The node's GPU faults (set by the controller from the agent's report; also the default
+    /// type of the Node condition that mirrors it).
+    pub const GPU_PROBLEM: &str = "GPUProblem";
 }
 
 /// What the node's GPUs are.

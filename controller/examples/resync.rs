@@ -93,7 +93,7 @@ fn settings() -> Settings {
         injection_grace: Duration::from_secs(60),
         gpu_resource: "nvidia.com/gpu".into(),
         drain_slurm: false,
-        node_condition_type: plan::GPU_PROBLEM.into(),
+        node_condition_type: mockgpu_api::gpunode::condition::GPU_PROBLEM.into(),
     }
 }
 

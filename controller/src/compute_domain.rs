@@ -34,8 +34,8 @@ use mockgpu_api::gpunode::CONTROLLER_MANAGER;
 use serde_json::json;
 use tracing::{info, warn};
 
+use crate::common::{ReconcileError, Synced, controller_config, log_result, retry, touched};
 use crate::metrics::Metrics;
-use crate::reconcile::{ReconcileError, Synced, controller_config, log_result, retry, touched};
 use crate::slim::SlimGpuNode;
 use crate::write::{Events, WriteError, kube_err};
 

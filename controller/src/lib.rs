@@ -2,6 +2,7 @@
 //! ComputeDomains, leader election, opt-in remediation through Slurm.
 
 pub mod cleanup;
+mod common;
 pub mod compute_domain;
 pub mod crd;
 pub mod labels;

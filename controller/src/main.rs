@@ -74,7 +74,7 @@ struct RunArgs {
     #[arg(
         long,
         env = "MOCKGPU_NODE_CONDITION_TYPE",
-        default_value = mockgpu_controller::plan::GPU_PROBLEM,
+        default_value = mockgpu_api::gpunode::condition::GPU_PROBLEM,
         value_parser = condition_type
     )]
     node_condition_type: String,

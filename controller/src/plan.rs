@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use mockgpu_api::gpunode::{GpuNodeFault, condition};
+use mockgpu_api::gpunode::GpuNodeFault;
+use mockgpu_api::gpunode::condition::{self, GPU_PROBLEM};
 use mockgpu_api::{FaultKind, Mode};
 
 use crate::labels::{GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, NodeLabels, PCI_NVIDIA, PROFILE};
@@ -29,10 +30,6 @@ pub struct Settings {
     /// The type of the Node condition of GPU faults (default [`GPU_PROBLEM`]).
     pub node_condition_type: String,
 }
-
-/// The GpuNode condition of the node's GPU faults, and the default type of the Node condition
-/// that mirrors it.
-pub const GPU_PROBLEM: &str = "GPUProblem";
 
 /// The reasons of [`GPU_PROBLEM`]: faults among which an Xid error is; other faults only; none.
 pub mod fault_reason {

@@ -12,56 +12,28 @@
 //!   from the same GpuNode cache.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::channel::{mpsc, oneshot};
-use futures::future::{BoxFuture, Shared};
-use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
-use kube::runtime::controller::{self, Action, Error as ControllerError};
+use kube::runtime::controller::{self, Action};
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use tracing::{debug, warn};
+use tracing::debug;
 
+use crate::common::{
+    CONCURRENCY, ReconcileError, Synced, controller_config, log_result, retry, touched,
+};
 use crate::compute_domain::{self, Members};
 use crate::metrics::Metrics;
 use crate::plan::{self, Input, Settings, requests_resource};
 use crate::slim::{PodsByNode, SlimGpuNode, SlimNode, SlimPod};
 use crate::slurm::SlurmNodes;
-use crate::write::{Events, WriteError, Writer};
-
-/// A failed reconcile (retried after [`RETRY`]).
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    /// A write failed.
-    #[error(transparent)]
-    Write(#[from] WriteError),
-    /// A cache's watcher went away (the controller is stopping).
-    #[error("a watch cache was dropped")]
-    CacheGone,
-}
-
-/// Retry delay after a failed reconcile.
-const RETRY: Duration = Duration::from_secs(5);
-
-/// Reconciles in flight at once, per controller. kube-runtime polls every reconcile in flight
-/// whenever one of them wakes, and spawns a task for each: unbounded, a resync would start one per
-/// GpuNode at once, at O(n²) polls and a task's memory per GpuNode.
-const CONCURRENCY: u16 = 16;
-
-/// Triggers of one object within this long of each other make one reconcile, after the last.
-/// A write's own echoes (the Node's labels, then the GpuNode's conditions, seconds apart under
-/// load) then meet caches that hold both, instead of one of them writing again from a stale one.
-const DEBOUNCE: Duration = Duration::from_secs(1);
-
-pub(crate) fn controller_config() -> controller::Config {
-    controller::Config::default()
-        .concurrency(CONCURRENCY)
-        .debounce(DEBOUNCE)
-}
+use crate::write::{Events, Writer};
 
 /// What both controllers share.
 pub struct Context<S> {
@@ -73,55 +45,6 @@ pub struct Context<S> {
     pods: PodsByNode,
     /// The two caches above have had their first list.
     synced: Synced,
-}
-
-/// Resolves once some caches have had their first list, for any number of waiters.
-///
-/// `Store::wait_until_ready` wakes only the last of several concurrent waiters (kube-runtime
-/// 5.0: a oneshot receiver underneath, which keeps one waker): so each store is waited on once,
-/// and that wait shared ([`Synced::of`]). kube-runtime's `Controller` waits on its own store
-/// itself, so the first lists of the GpuNodes and Nodes (the sweep's) are told by their event
-/// streams instead ([`first_list`]).
-#[derive(Clone)]
-pub(crate) struct Synced(Shared<BoxFuture<'static, bool>>);
-
-impl Synced {
-    pub(crate) fn new(all: impl Future<Output = bool> + Send + 'static) -> Self {
-        Self(all.boxed().shared())
-    }
-
-    /// Resolves once `store` has had its first list (false if its writer is dropped before);
-    /// the store must have no other waiter.
-    pub(crate) fn of<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static>(
-        store: Store<K>,
-    ) -> Self {
-        Self::new(async move { store.wait_until_ready().await.is_ok() })
-    }
-
-    /// Resolves once every one of `parts` has.
-    pub(crate) fn all(parts: Vec<Synced>) -> Self {
-        Self::new(async move {
-            for p in parts {
-                if !p.0.await {
-                    return false;
-                }
-            }
-            true
-        })
-    }
-
-    /// Whether it has resolved successfully (as a waiter saw it: false until one has).
-    fn is_done(&self) -> bool {
-        self.0.peek() == Some(&true)
-    }
-
-    pub(crate) async fn wait(&self) -> Result<(), ReconcileError> {
-        if self.0.clone().await {
-            Ok(())
-        } else {
-            Err(ReconcileError::CacheGone)
-        }
-    }
 }
 
 /// `events` (after what caches them, so that the cache holds the whole list by then) passed
@@ -354,34 +277,6 @@ fn forget_version<K: Resource>(o: &mut K) {
     o.meta_mut().resource_version = None;
 }
 
-/// A watch stream's changed and deleted objects, with kube-runtime's default backoff.
-pub(crate) fn touched<K, S>(events: S) -> impl Stream<Item = Result<K, watcher::Error>> + Send
-where
-    K: Resource + Clone + Send,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
-{
-    events.default_backoff().touched_objects()
-}
-
-/// Logs a failed reconcile. An object that does not exist is not a failure: a GpuNode (a Node
-/// without one, or a deleted one: the sweep's business), a Node gone before its sweep, or a
-/// ComputeDomain gone before its reconcile.
-pub(crate) fn log_result<K: Resource>(
-    kind: &str,
-    r: Result<(ObjectRef<K>, Action), ControllerError<ReconcileError, watcher::Error>>,
-) {
-    match r {
-        Ok(_) => {}
-        Err(ControllerError::ObjectNotFound(obj)) => debug!(%obj, "no such {kind}"),
-        Err(err) => warn!(%err, "{kind} reconcile failed"),
-    }
-}
-
-pub(crate) fn retry<K, S>(_: Arc<K>, err: &ReconcileError, _: Arc<S>) -> Action {
-    warn!(%err, "reconcile failed; retrying in {} s", RETRY.as_secs());
-    Action::requeue(RETRY)
-}
-
 async fn reconcile_gpunode<S: SlurmNodes>(
     g: Arc<SlimGpuNode>,
     ctx: Arc<Context<S>>,
@@ -466,6 +361,8 @@ async fn sweep_node<S: SlurmNodes>(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec, ResourceRequirements};
 

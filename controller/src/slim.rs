@@ -149,7 +149,7 @@ pub const OUR_CONDITIONS: [&str; 4] = [
     condition::STALE,
     condition::DRIFTED,
     condition::INJECTION_MISSING,
-    crate::plan::GPU_PROBLEM,
+    condition::GPU_PROBLEM,
 ];
 
 /// A Node as the controller watches it: its metadata only (requested as `PartialObjectMetadata`),

@@ -296,8 +296,8 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyCommonAncestor(
 ) -> Ret {
     with_loaded(|l| {
         let (Some(i), Some(j)) = (
-            l.devices.iter().position(|d| core::ptr::eq(&**d, a)),
-            l.devices.iter().position(|d| core::ptr::eq(&**d, b)),
+            l.devices.iter().position(|d| d.is(a)),
+            l.devices.iter().position(|d| d.is(b)),
         ) else {
             return ffi::ERROR_INVALID_ARGUMENT;
         };
@@ -322,7 +322,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyNearestGpus(
     devices: *mut Device,
 ) -> Ret {
     with_loaded(|l| {
-        let Some(me) = l.devices.iter().find(|d| core::ptr::eq(&***d, device)) else {
+        let Some(me) = l.devices.iter().find(|d| d.is(device)) else {
             return ffi::ERROR_INVALID_ARGUMENT;
         };
         if me.lost {
@@ -331,7 +331,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTopologyNearestGpus(
         let near: Vec<Device> = l
             .devices
             .iter()
-            .filter(|d| !d.lost && !core::ptr::eq(&***d, device) && level(me, d) <= lvl)
+            .filter(|d| !d.lost && !d.is(device) && level(me, d) <= lvl)
             .map(|d| d.handle())
             .collect();
         // SAFETY: the caller's contract.

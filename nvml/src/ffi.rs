@@ -17,8 +17,12 @@ pub const ERROR_GPU_IS_LOST: Ret = 15;
 pub const ERROR_ARGUMENT_VERSION_MISMATCH: Ret = 25;
 pub const ERROR_UNKNOWN: Ret = 999;
 
-/// `nvmlDevice_t`: a pointer to one of the loaded devices.
-pub type Device = *mut crate::state::Device;
+/// `struct nvmlDevice_st`: opaque to callers (a handle is the address of one of the library's
+/// loaded devices, compared, never dereferenced).
+pub enum DeviceSt {}
+
+/// `nvmlDevice_t`.
+pub type Device = *mut DeviceSt;
 
 /// `NVML_INIT_FLAG_NO_GPUS`.
 pub const INIT_FLAG_NO_GPUS: u32 = 1;

@@ -68,7 +68,12 @@ pub struct Device {
 impl Device {
     /// The handle callers hold.
     pub fn handle(&self) -> ffi::Device {
-        core::ptr::from_ref(self).cast_mut()
+        core::ptr::from_ref(self).cast_mut().cast()
+    }
+
+    /// Whether `h` is this device's handle.
+    pub fn is(&self, h: ffi::Device) -> bool {
+        core::ptr::addr_eq(self, h)
     }
 
     /// The graphics clock now: the locked range's top when locked, else the application clock.
@@ -93,10 +98,7 @@ pub struct Loaded {
 impl Loaded {
     /// The device a handle points to (compared by address; never dereferenced unchecked).
     pub fn device(&mut self, h: ffi::Device) -> Option<&mut Device> {
-        self.devices
-            .iter_mut()
-            .map(|d| &mut **d)
-            .find(|d| core::ptr::eq(*d, h))
+        self.devices.iter_mut().map(|d| &mut **d).find(|d| d.is(h))
     }
 }
 

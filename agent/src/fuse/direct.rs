@@ -114,7 +114,7 @@ impl Direct {
             return Ok(());
         };
         stop_reading(self.fd)?;
-        let joined = super::mount::joined(session.join());
+        let joined = joined(session.join());
         let _ = socket::shutdown(self.conn.as_raw_fd(), Shutdown::Write);
         joined
     }
@@ -168,4 +168,13 @@ fn stop_reading(fd: RawFd) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A FUSE session's end, once joined: an end of file is how a keeper's connection or a stopped
+/// reader ends, which fuser calls an invalid request.
+pub(super) fn joined(r: io::Result<()>) -> io::Result<()> {
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(()),
+        other => other,
+    }
 }

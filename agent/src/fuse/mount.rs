@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 
-use super::direct::{Direct, keeper_word, replace_fd};
+use super::direct::{Direct, joined, keeper_word, replace_fd};
 use super::filesystem::DriverFs;
 use super::handle::TreeHandle;
 use super::state::Shared;
@@ -162,15 +162,6 @@ pub(crate) fn serve_through_keeper(
         mountpoint: mountpoint.to_path_buf(),
         keeper: Some(keeper),
     })
-}
-
-/// A FUSE session's end, once joined: an end of file is how a keeper's connection or a stopped
-/// reader ends, which fuser calls an invalid request.
-pub(super) fn joined(r: io::Result<()>) -> io::Result<()> {
-    match r {
-        Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(()),
-        other => other,
-    }
 }
 
 /// Threads reading FUSE requests.

@@ -1,7 +1,9 @@
 //! The sweep's and a reconcile's writes against a mocked API server (see `write`'s tests).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use mockgpu_api::gpunode::condition::GPU_PROBLEM;
 use mockgpu_api::gpunode::{AGENT_MANAGER, CONTROLLER_MANAGER};
 use serde_json::{Value, json};
 
@@ -9,13 +11,12 @@ use super::*;
 use crate::labels::tests::{node_json, node_value};
 use crate::labels::{GPU_COUNT, PROFILE};
 use crate::mock_api::{Sent, api_server, api_server_holding, requests, status};
-use crate::plan::GPU_PROBLEM;
 use crate::slim::tests::slim;
-use crate::write::recorder;
 use crate::write::tests::{
     APPLY_PATCH, EVENTS, FakeSlurm, NODE_APPLY, NODE_STATUS, ON_GPUNODE, STATUS_APPLY, ev, event,
     gpunode, labels, node_apply, ok, sent, writer,
 };
+use crate::write::{WriteError, recorder};
 
 /// A context over `client` without slurmrestd, with empty caches, already synced.
 fn context(client: Client) -> Context<FakeSlurm> {
