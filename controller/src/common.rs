@@ -28,7 +28,7 @@ pub enum ReconcileError {
 }
 
 /// Retry delay after a failed reconcile.
-pub(crate) const RETRY: Duration = Duration::from_secs(5);
+const RETRY: Duration = Duration::from_secs(5);
 
 /// Reconciles in flight at once, per controller. kube-runtime polls every reconcile in flight
 /// whenever one of them wakes, and spawns a task for each: unbounded, a resync would start one per
@@ -52,7 +52,7 @@ pub(crate) fn controller_config() -> controller::Config {
 /// 5.0: a oneshot receiver underneath, which keeps one waker): so each store is waited on once,
 /// and that wait shared ([`Synced::of`]). kube-runtime's `Controller` waits on its own store
 /// itself, so the first lists of the GpuNodes and Nodes (the sweep's) are told by their event
-/// streams instead ([`first_list`]).
+/// streams instead (`reconcile`'s `first_list`).
 #[derive(Clone)]
 pub(crate) struct Synced(Shared<BoxFuture<'static, bool>>);
 

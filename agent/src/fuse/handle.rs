@@ -115,8 +115,8 @@ impl TreeHandle {
     /// mapped and locked (replacing those of an earlier walk): the kernel evicts neither dentries
     /// in use nor mapped pages, so even after its caches were dropped a consumer's read sends
     /// no request. The walk, the descriptors and the mappings are a child's, `<program>
-    /// pin-tree` ([`crate::pinner`]), never this process's own. Returns the number of entries visited; entries that vanish meanwhile
-    /// are skipped.
+    /// pin-tree` ([`crate::pinner`]), never this process's own. Returns the number of entries
+    /// visited; entries that vanish meanwhile are skipped.
     pub fn warm(&self, tree: &Tree, program: &Path) -> usize {
         let root = &self.mountpoint;
         self.unpin();
